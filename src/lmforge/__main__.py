@@ -1,0 +1,3 @@
+from lmforge.cli import main
+
+main()

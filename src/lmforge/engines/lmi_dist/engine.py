@@ -1,0 +1,431 @@
+"""LMI-Dist engine: continuous batching on transformers' paged-attention manager.
+
+What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.19):
+
+* explicit KV-cache sizing (:mod:`.sizing`) instead of "60 % of RAM";
+* admission: prompt + ``max_new_tokens`` is checked against ``max_model_len`` (which the cache can
+  always hold) before the request reaches the manager, whose loop dies on a request it cannot fit;
+* at most ``max_rolling_batch_size`` sequences in the running batch, the rest wait in order;
+* per-request sampling, seeds, repetition penalty and true log-probs (:mod:`.sampler`);
+* incremental detokenization and stop sequences (:mod:`lmforge.engines.text`);
+* a final event for cancelled requests (the manager sends none) and a supervisor that ends every
+  in-flight stream with an error and reports unhealthy if the generation thread dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, LmforgeError, NotReadyError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.sampler import RequestSampler, SamplingState
+    from lmforge.engines.lmi_dist.sizing import KvCachePlan
+
+log = logging.getLogger("lmforge.engines.lmi_dist")
+
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_SUPERVISE_EVERY_S = 0.25
+
+
+@dataclass
+class _Live:
+    """Bookkeeping of one in-flight request on the event-loop side."""
+
+    outputs: deque[Any] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    dead_error: str | None = None
+
+    def push(self, output: Any) -> None:
+        self.outputs.append(output)
+        self.wake.set()
+
+
+class LmiDistEngine:
+    name = "lmi-dist"
+
+    def __init__(self, config: ServingConfig) -> None:
+        self.config = config
+        self._tokenizer: Any = None
+        self._model: Any = None
+        self._manager: Any = None
+        self._sampler: RequestSampler | None = None
+        self.plan: KvCachePlan | None = None
+        self.max_model_len = 0
+        self._eos_ids: list[int] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._live: dict[str, _Live] = {}
+        self._dead: str | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0, "waiting": 0.0}
+        self.load_seconds = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_id or (self.config.model_dir.name if self.config.model_dir else "model")
+
+    async def start(self) -> None:
+        started = time.monotonic()
+        await asyncio.to_thread(self._load)
+        self.load_seconds = time.monotonic() - started
+        self._slots = asyncio.Semaphore(self.config.max_rolling_batch_size)
+        self._supervisor = asyncio.create_task(self._supervise(), name="lmi-dist-supervisor")
+
+    def _load(self) -> None:
+        import torch
+        from transformers import (
+            AutoModelForCausalLM,
+            AutoTokenizer,
+            ContinuousBatchingConfig,
+            GenerationConfig,
+        )
+        from transformers.generation.continuous_batching.model_runner import (
+            infer_max_single_request_tokens,
+        )
+
+        from lmforge.engines.lmi_dist import sampler as sampler_mod
+        from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
+
+        cfg = self.config
+        if cfg.tensor_parallel_degree not in (1, "max") or cfg.pipeline_parallel_degree != 1:
+            raise LmforgeError(
+                "lmi-dist runs on one device in this release: option.tensor_parallel_degree="
+                f"{cfg.tensor_parallel_degree} and option.pipeline_parallel_degree="
+                f"{cfg.pipeline_parallel_degree} must both be 1"
+            )
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        path = cfg.model_path
+        if path is None:
+            raise LmforgeError(
+                f"option.model_id={cfg.model_id!r} is not a local folder; lmi-dist loads local models only "
+                "(download it first, or point option.model_id at the folder)"
+            )
+        kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+        if cfg.revision:
+            kwargs["revision"] = cfg.revision
+        self._tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+        dtype = _DTYPES.get(cfg.dtype, "auto")
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+        if torch.cuda.is_available():
+            model = model.to("cuda")
+        model.eval()
+        self._model = model
+
+        text_cfg = model.config.get_text_config()
+        model_max = int(getattr(text_cfg, "max_position_embeddings", 0) or 0) or 2048
+        self.max_model_len = min(cfg.max_model_len or model_max, model_max)
+        if cfg.max_model_len and cfg.max_model_len > model_max:
+            log.warning(
+                "option.max_model_len=%d exceeds the model's max_position_embeddings=%d; using %d",
+                cfg.max_model_len,
+                model_max,
+                model_max,
+            )
+        heads = text_cfg.num_attention_heads
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
+        per_token = kv_bytes_per_token(
+            num_layers=text_cfg.num_hidden_layers,
+            num_kv_heads=getattr(text_cfg, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            dtype_bytes=torch.finfo(model.dtype).bits // 8,
+        )
+        self.plan = plan_kv_cache(
+            bytes_per_token=per_token,
+            max_model_len=self.max_model_len,
+            max_batch_size=cfg.max_rolling_batch_size,
+            prefill_tokens=cfg.max_rolling_batch_prefill_tokens,
+            memory_budget_bytes=cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb else None,
+        )
+        eos = model.generation_config.eos_token_id
+        if eos is None:
+            eos = self._tokenizer.eos_token_id
+        self._eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        gen_config = GenerationConfig(
+            do_sample=False,
+            eos_token_id=self._eos_ids or None,
+            pad_token_id=self._tokenizer.pad_token_id,
+            max_new_tokens=cfg.default_max_new_tokens,
+        )
+        cb_config = ContinuousBatchingConfig(
+            page_size=self.plan.page_size,
+            num_blocks=self.plan.num_blocks,
+            max_batch_tokens=self.plan.max_batch_tokens,
+            return_logprobs=False,
+            allow_block_sharing=True,
+        )
+        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+        manager = model.init_continuous_batching(
+            generation_config=gen_config, continuous_batching_config=cb_config
+        )
+        self._sampler = sampler_mod.RequestSampler()
+        sampler_mod.install(manager, self._sampler)
+        manager.warmup()  # builds the cache now, so its real capacity is known before serving
+        capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
+        if capacity < self.max_model_len:
+            log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
+            self.max_model_len = capacity
+        manager.start()
+        self._manager = manager
+        log.info(
+            "lmi-dist ready: %s, dtype=%s, max_model_len=%d, KV cache %d blocks x %d tokens (%.1f MiB), "
+            "prefill chunk %d tokens",
+            path,
+            model.dtype,
+            self.max_model_len,
+            self.plan.num_blocks,
+            self.plan.page_size,
+            self.plan.total_bytes / 2**20,
+            self.plan.max_batch_tokens,
+        )
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        for live in list(self._live.values()):
+            live.dead_error = "the server is shutting down"
+            live.wake.set()
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            await asyncio.to_thread(manager.stop, block=True, timeout=10)
+
+    # ------------------------------------------------------------------ health
+
+    def check_health(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"lmi-dist engine is dead: {self._dead}")
+        if self._manager is None:
+            raise NotReadyError("lmi-dist engine is not running")
+
+    def _loop_failure(self) -> str | None:
+        manager = self._manager
+        if manager is None:
+            return None
+        fatal = manager.background_thread_status.fatal_error
+        if fatal is not None:
+            return f"{type(fatal).__name__}: {fatal}"
+        if not manager.is_running():
+            return "the generation thread exited"
+        return None
+
+    async def _supervise(self) -> None:
+        while self._dead is None and not self._stopping:
+            await asyncio.sleep(_SUPERVISE_EVERY_S)
+            failure = self._loop_failure()
+            if failure is not None and not self._stopping:
+                self._dead = failure
+                log.error("lmi-dist generation loop died: %s; failing %d requests", failure, len(self._live))
+                for live in list(self._live.values()):
+                    live.dead_error = f"engine failure: {failure}"
+                    live.wake.set()
+
+    def stats(self) -> dict[str, float]:
+        running = len(self._live) - self._counters["waiting"]
+        return {"running": float(running), **self._counters, "healthy": float(self._dead is None)}
+
+    # ------------------------------------------------------------------ requests
+
+    def _tokenize(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return list(request.prompt)
+        ids: list[int] = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return ids
+
+    def _validate(self, prompt_len: int, max_new: int) -> None:
+        cfg = self.config
+        if prompt_len == 0:
+            raise BadRequestError("inputs must not be empty", param="inputs")
+        if cfg.max_input_len is not None and prompt_len > cfg.max_input_len:
+            raise BadRequestError(
+                f"the prompt has {prompt_len} tokens, more than option.max_input_len={cfg.max_input_len}",
+                param="inputs",
+            )
+        if cfg.max_output_len is not None and max_new > cfg.max_output_len:
+            raise BadRequestError(
+                f"max_new_tokens={max_new} is more than option.max_output_len={cfg.max_output_len}",
+                param="parameters.max_new_tokens",
+            )
+        if prompt_len + max_new > self.max_model_len:
+            raise BadRequestError(
+                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new}) is more than "
+                f"max_model_len ({self.max_model_len})",
+                param="parameters.max_new_tokens" if prompt_len < self.max_model_len else "inputs",
+            )
+
+    async def abort(self, request_id: str) -> None:
+        live = self._live.get(request_id)
+        if live is not None and live.dead_error is None:
+            live.dead_error = "aborted"
+            live.wake.set()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        self.check_health()
+        assert self._slots is not None and self._sampler is not None
+        from lmforge.engines.lmi_dist.sampler import KEY_KWARG, SamplingState
+
+        params = request.params
+        prompt_ids = self._tokenize(request)
+        self._validate(len(prompt_ids), params.max_new_tokens)
+        rid = request.request_id
+        if rid in self._live:
+            raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
+        live = _Live()
+        self._live[rid] = live
+        self._counters["requests_total"] += 1
+        self._counters["waiting"] += 1
+        waiting = True
+        submitted = False
+        finished = False
+        key = -1
+        try:
+            await self._slots.acquire()
+            self._counters["waiting"] -= 1
+            waiting = False
+            if live.dead_error is not None:  # aborted while waiting for a slot
+                finished = True
+                yield self._terminal(live.dead_error, len(prompt_ids), 0)
+                return
+            self.check_health()
+            state = SamplingState(params=params, prompt_ids=prompt_ids)
+            key = self._sampler.add(state)
+            manager = self._manager
+            manager.register_result_handler(rid, live.push)
+            eos = -1 if params.ignore_eos or not self._eos_ids else self._eos_ids
+            await asyncio.to_thread(
+                manager.add_request,
+                prompt_ids,
+                request_id=rid,
+                max_new_tokens=params.max_new_tokens,
+                streaming=True,
+                eos_token_id=eos,
+                **{KEY_KWARG: key},
+            )
+            submitted = True
+            async for event in self._events(rid, live, state, len(prompt_ids)):
+                if event.finished:
+                    finished = True
+                yield event
+        finally:
+            if waiting:
+                self._counters["waiting"] -= 1
+            else:
+                self._slots.release()
+            if submitted and not finished:
+                self._counters["aborted_total"] += 1
+            if submitted and self._manager is not None:
+                self._manager.cancel_request(rid)  # no-op for a finished request
+                with self._manager.output_router._lock:
+                    self._manager.output_router.result_handlers.pop(rid, None)
+            if key >= 0:
+                self._sampler.remove(key)
+            self._live.pop(rid, None)
+
+    def _terminal(self, reason: str, prompt_len: int, generated: int) -> GenerationEvent:
+        if reason == "aborted":
+            return GenerationEvent(None, prompt_len, generated, finish_reason=FinishReason.ABORT)
+        status = ERROR_TABLE["engine_dead"].status
+        return GenerationEvent(
+            None, prompt_len, generated, finish_reason=FinishReason.ERROR, error=reason, error_status=status
+        )
+
+    async def _events(
+        self, rid: str, live: _Live, state: SamplingState, prompt_len: int
+    ) -> AsyncIterator[GenerationEvent]:
+        from transformers.generation.continuous_batching.requests import RequestStatus
+
+        params = state.params
+        detok = IncrementalDetokenizer(self._tokenizer)
+        stops = StopMatcher(params.stop)
+        seen = 0
+        while True:
+            if not live.outputs:
+                if live.dead_error is not None:
+                    for token, _ in stops.flush():
+                        yield GenerationEvent(token, prompt_len, seen)
+                    yield self._terminal(live.dead_error, prompt_len, seen)
+                    return
+                live.wake.clear()
+                await live.wake.wait()
+                continue
+            output = live.outputs.popleft()
+            if output.status == RequestStatus.FAILED:
+                yield GenerationEvent(
+                    None,
+                    prompt_len,
+                    seen,
+                    finish_reason=FinishReason.ERROR,
+                    error=f"generation failed: {output.error}",
+                    error_status=ERROR_TABLE["model_error"].status,
+                )
+                return
+            new_ids = output.generated_tokens[seen:]
+            done = output.status == RequestStatus.FINISHED
+            ready: list[tuple[Any, str]] = []
+            for tid in new_ids:
+                idx = seen
+                seen += 1
+                self._counters["tokens_total"] += 1
+                special = tid in self._eos_ids
+                token = Token(
+                    id=tid,
+                    text="",
+                    log_prob=state.logprobs[idx] if idx < len(state.logprobs) else math.nan,
+                    special=special,
+                    top_logprobs=self._top(state, idx),
+                )
+                ready.extend(stops.push(token, detok.step(tid)))
+                if stops.stopped:
+                    break
+            if stops.stopped:
+                for token, text in ready:
+                    token.text = text
+                for token, _ in ready[:-1]:
+                    yield GenerationEvent(token, prompt_len, seen)
+                last = ready[-1][0] if ready else None
+                yield GenerationEvent(last, prompt_len, seen, finish_reason=FinishReason.STOP_SEQUENCE)
+                return
+            if done:
+                ready.extend(stops.flush())
+                reason = self._finish_reason(output.generated_tokens, params)
+                for i, (token, text) in enumerate(ready):
+                    token.text = text
+                    final = i == len(ready) - 1
+                    yield GenerationEvent(token, prompt_len, seen, finish_reason=reason if final else None)
+                if not ready:
+                    yield GenerationEvent(None, prompt_len, seen, finish_reason=reason)
+                return
+            for token, text in ready:
+                token.text = text
+                yield GenerationEvent(token, prompt_len, seen)
+
+    def _finish_reason(self, generated: list[int], params: Any) -> FinishReason:
+        if generated and generated[-1] in self._eos_ids and not params.ignore_eos:
+            return FinishReason.EOS
+        return FinishReason.LENGTH
+
+    def _top(self, state: SamplingState, idx: int) -> list[tuple[int, str, float]] | None:
+        if state.params.top_n_logprobs <= 0 or idx >= len(state.top):
+            return None
+        return [(tid, self._tokenizer.decode([tid]), lp) for tid, lp in state.top[idx]]
+
+
+def _error_status(exc: LmforgeError) -> int:
+    return exc.status

@@ -1,0 +1,113 @@
+"""The one interface between the handler layer and every engine.
+
+An engine is started once, then serves many concurrent :meth:`Engine.generate` streams:
+
+* ``generate(request)`` is an async generator of :class:`GenerationEvent`. Each event carries at most
+  one new token. The last event has ``finish_reason`` set; nothing follows it. Errors that belong to
+  one request (the engine is fine) end that stream with ``finish_reason=ERROR`` and ``error`` set;
+  validation errors raise :class:`lmforge.errors.BadRequestError` *before* the first event.
+* Closing the generator early (the consumer stops iterating, is cancelled, or calls ``aclose()``)
+  aborts the request in the engine and frees its slot: callers never need a separate abort call.
+* ``abort(request_id)`` is idempotent; the aborted stream ends with ``finish_reason=ABORT``.
+* ``check_health()`` raises :class:`lmforge.errors.EngineDeadError` once the engine cannot serve.
+* ``shutdown()`` stops the engine; in-flight streams end with an error event.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence ended, in LMI's vocabulary (plus ``stop_sequence`` kept apart from EOS)."""
+
+    LENGTH = "length"
+    EOS = "eos_token"
+    STOP_SEQUENCE = "stop_sequence"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request generation settings, already validated by the handler."""
+
+    max_new_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Stop strings; the text is cut before the first match and the match is not returned."""
+    top_n_logprobs: int = 0
+    """How many alternative tokens (with log-probs) to report per generated token."""
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt: str | list[int]
+    """Text (tokenized by the engine) or token ids."""
+    params: SamplingParams
+    add_special_tokens: bool = True
+    """Whether the tokenizer adds BOS and friends; False for prompts rendered by a chat template."""
+
+
+@dataclass(slots=True)
+class Token:
+    id: int
+    text: str
+    log_prob: float
+    special: bool = False
+    top_logprobs: list[tuple[int, str, float]] | None = None
+
+
+@dataclass(slots=True)
+class GenerationEvent:
+    token: Token | None
+    """The new token, or None on a final event that brings no token (abort, error)."""
+    prompt_tokens: int
+    generated_tokens: int
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    error_status: int | None = None
+    """HTTP status matching ``error`` (from :data:`lmforge.errors.ERROR_TABLE`)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the handler layer needs from a backend. See the module docstring for the contract."""
+
+    name: str
+
+    @property
+    def tokenizer(self) -> Any:
+        """A Hugging Face tokenizer (``apply_chat_template``, ``decode``)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    async def start(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def check_health(self) -> None: ...
+
+    def stats(self) -> dict[str, float]:
+        """Gauges and counters for ``/metrics`` (``running``, ``waiting``, ...)."""
+
+    async def shutdown(self) -> None: ...

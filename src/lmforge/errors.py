@@ -1,0 +1,128 @@
+"""The one table that maps every lmforge failure to an HTTP status and an error type.
+
+Engines, handlers and the server raise the exceptions below; only ``lmforge.serving`` turns them
+into responses, through :func:`classify`. A message is always written for the client: it names the
+field or limit at fault and never carries a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    status: int
+    type: str
+    description: str
+
+
+#: Error kind -> HTTP status. This is the single source of truth; docs/errors.md is generated from it.
+ERROR_TABLE: dict[str, ErrorKind] = {
+    "bad_request": ErrorKind(400, "bad_request", "the body or a parameter is invalid; `param` names it"),
+    "not_found": ErrorKind(404, "not_found", "no such route or resource"),
+    "method_not_allowed": ErrorKind(405, "method_not_allowed", "wrong HTTP method for the route"),
+    "payload_too_large": ErrorKind(413, "payload_too_large", "the body is larger than `max_request_size`"),
+    "unsupported_media_type": ErrorKind(415, "unsupported_media_type", "the body is not JSON or plain text"),
+    "model_error": ErrorKind(424, "model_error", "the model or the user handler failed on this request"),
+    "overloaded": ErrorKind(
+        503, "overloaded", "running batch and `job_queue_size` are full; retry after `Retry-After`"
+    ),
+    "not_ready": ErrorKind(503, "not_ready", "the model is still loading or the server is shutting down"),
+    "engine_dead": ErrorKind(503, "engine_dead", "the engine loop died; the instance should be replaced"),
+    "out_of_memory": ErrorKind(507, "out_of_memory", "the engine ran out of (device) memory for this request"),
+}
+
+
+class LmforgeError(Exception):
+    """Base class of errors with a client-facing message and an entry in :data:`ERROR_TABLE`."""
+
+    kind: ClassVar[str] = "model_error"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+    @property
+    def status(self) -> int:
+        return ERROR_TABLE[self.kind].status
+
+    @property
+    def type(self) -> str:
+        return ERROR_TABLE[self.kind].type
+
+    def to_dict(self) -> dict[str, object]:
+        body: dict[str, object] = {"code": self.status, "type": self.type, "message": self.message}
+        if self.param is not None:
+            body["param"] = self.param
+        return body
+
+
+class BadRequestError(LmforgeError):
+    kind = "bad_request"
+
+
+class NotFoundError(LmforgeError):
+    kind = "not_found"
+
+
+class MethodNotAllowedError(LmforgeError):
+    kind = "method_not_allowed"
+
+
+class PayloadTooLargeError(LmforgeError):
+    kind = "payload_too_large"
+
+
+class UnsupportedMediaTypeError(LmforgeError):
+    kind = "unsupported_media_type"
+
+
+class ModelError(LmforgeError):
+    kind = "model_error"
+
+
+class OverloadedError(LmforgeError):
+    kind = "overloaded"
+
+
+class NotReadyError(LmforgeError):
+    kind = "not_ready"
+
+
+class EngineDeadError(LmforgeError):
+    kind = "engine_dead"
+
+
+class OutOfMemoryError(LmforgeError):
+    kind = "out_of_memory"
+
+
+_OOM_NAMES = frozenset({"OutOfMemoryError", "MemoryError"})
+_OOM_MESSAGES = ("out of memory", "no available memory for the cache blocks")
+
+
+def classify(exc: BaseException) -> LmforgeError:
+    """Turn any exception into an :class:`LmforgeError` with a safe message.
+
+    Known errors pass through. Out-of-memory errors (``MemoryError``, ``torch.OutOfMemoryError``, CUDA
+    "out of memory" messages) become 507. Anything else raised by a model or handler becomes 424 with
+    the exception's class and message only (no traceback, no object addresses).
+    """
+    if isinstance(exc, LmforgeError):
+        return exc
+    text = str(exc)
+    if type(exc).__name__ in _OOM_NAMES or any(m in text.lower() for m in _OOM_MESSAGES):
+        return OutOfMemoryError(f"out of memory: {_short(text) or type(exc).__name__}")
+    detail = _short(text)
+    return ModelError(f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__)
+
+
+def _short(text: str, limit: int = 500) -> str:
+    import re
+
+    text = re.sub(r"0x[0-9a-fA-F]{6,}", "0x…", text.strip().splitlines()[0] if text.strip() else "")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
