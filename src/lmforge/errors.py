@@ -31,7 +31,9 @@ ERROR_TABLE: dict[str, ErrorKind] = {
     ),
     "not_ready": ErrorKind(503, "not_ready", "the model is still loading or the server is shutting down"),
     "engine_dead": ErrorKind(503, "engine_dead", "the engine loop died; the instance should be replaced"),
-    "out_of_memory": ErrorKind(507, "out_of_memory", "the engine ran out of (device) memory for this request"),
+    "out_of_memory": ErrorKind(
+        507, "out_of_memory", "the engine ran out of (device) memory for this request"
+    ),
 }
 
 
@@ -126,3 +128,11 @@ def _short(text: str, limit: int = 500) -> str:
 
     text = re.sub(r"0x[0-9a-fA-F]{6,}", "0x…", text.strip().splitlines()[0] if text.strip() else "")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def error_for_status(status: int | None, message: str) -> LmforgeError:
+    """The error class whose table entry has ``status`` (424 when unknown), carrying ``message``."""
+    for cls in (BadRequestError, PayloadTooLargeError, ModelError, EngineDeadError, OutOfMemoryError):
+        if ERROR_TABLE[cls.kind].status == status:
+            return cls(message)
+    return ModelError(message)

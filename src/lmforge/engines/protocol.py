@@ -16,7 +16,7 @@ An engine is started once, then serves many concurrent :meth:`Engine.generate` s
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -101,7 +101,7 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]: ...
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -8,6 +8,7 @@ What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.1
 * at most ``max_rolling_batch_size`` sequences in the running batch, the rest wait in order;
 * per-request sampling, seeds, repetition penalty and true log-probs (:mod:`.sampler`);
 * incremental detokenization and stop sequences (:mod:`lmforge.engines.text`);
+* per-request attention instead of one dense attention over all histories (:mod:`.attention`);
 * a final event for cancelled requests (the manager sends none) and a supervisor that ends every
   in-flight stream with an error and reports unhealthy if the generation thread dies.
 """
@@ -19,7 +20,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,7 @@ class LmiDistEngine:
             infer_max_single_request_tokens,
         )
 
+        from lmforge.engines.lmi_dist import attention
         from lmforge.engines.lmi_dist import sampler as sampler_mod
         from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
 
@@ -172,6 +174,7 @@ class LmiDistEngine:
             allow_block_sharing=True,
         )
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+        attention.install()
         manager = model.init_continuous_batching(
             generation_config=gen_config, continuous_batching_config=cb_config
         )
@@ -276,7 +279,7 @@ class LmiDistEngine:
             live.dead_error = "aborted"
             live.wake.set()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.check_health()
         assert self._slots is not None and self._sampler is not None
         from lmforge.engines.lmi_dist.sampler import KEY_KWARG, SamplingState
@@ -425,7 +428,3 @@ class LmiDistEngine:
         if state.params.top_n_logprobs <= 0 or idx >= len(state.top):
             return None
         return [(tid, self._tokenizer.decode([tid]), lp) for tid, lp in state.top[idx]]
-
-
-def _error_status(exc: LmforgeError) -> int:
-    return exc.status

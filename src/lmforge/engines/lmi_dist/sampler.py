@@ -58,7 +58,7 @@ class SamplingState:
             self._seen = torch.cat([self._seen, torch.tensor([token_id], dtype=torch.long)])
 
 
-class RequestSampler(ContinuousBatchingLogitsProcessor):
+class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
     supported_kwargs: dict[str, type] = {KEY_KWARG: int}  # noqa: RUF012 - interface of the base class
     ignored_kwargs: tuple[str, ...] = ()
 
@@ -84,8 +84,8 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):
         keys = [r.state.logit_processor_kwargs.get(KEY_KWARG, -1) for r in requests_with_new_token]
         return torch.tensor(keys, dtype=torch.int32)
 
-    @torch.no_grad()
-    def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
+    @torch.no_grad()  # type: ignore[untyped-decorator]
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         rows = scores.size(0)
         keys = tensor_arg[:rows].tolist()
         logprobs = torch.log_softmax(scores, dim=-1)

@@ -1,0 +1,144 @@
+"""The default handler: LMI/TGI and chat requests on the configured engine, streamed or not."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest
+from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
+from lmforge.handlers import formatters as fmt
+from lmforge.handlers.io import Input, Output
+from lmforge.handlers.protocol import ParsedRequest, parse_body, parse_request
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.protocol import Engine
+
+REQUEST_ID_HEADERS = ("x-amzn-sagemaker-inference-id", "x-request-id")
+
+
+class DefaultHandler:
+    """Parses a request, runs it on the engine and formats the answer (see :mod:`.formatters`)."""
+
+    def __init__(self, config: ServingConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self.name = engine.name
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    def check_health(self) -> None:
+        self.engine.check_health()
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+    def _media_type(self, req: ParsedRequest, accept: str | None) -> str | None:
+        """The streaming media type, or None for one JSON answer."""
+        configured = self.config.output_formatter
+        wants_sse = configured == "sse" or "text/event-stream" in (accept or "")
+        if req.stream or configured in ("jsonlines", "sse"):
+            return fmt.SSE if wants_sse else fmt.JSONLINES
+        return None
+
+    def _prompt(self, req: ParsedRequest) -> tuple[str, bool]:
+        if not req.chat:
+            return req.prompt, True
+        tokenizer = self.engine.tokenizer
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise BadRequestError(
+                "this model has no chat template; send 'inputs' instead of 'messages'", param="messages"
+            )
+        try:
+            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # a template may raise on roles it does not support
+            raise BadRequestError(
+                f"the chat template rejected the messages: {exc}", param="messages"
+            ) from None
+        return str(text), False
+
+    async def handle(self, inputs: Input) -> Output:
+        body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
+        req = parse_request(body, default_max_new_tokens=self.config.default_max_new_tokens)
+        media = self._media_type(req, inputs.get_property("accept"))
+        prompt, add_special = self._prompt(req)
+        request = GenerationRequest(
+            request_id=uuid.uuid4().hex, prompt=prompt, params=req.params, add_special_tokens=add_special
+        )
+        events = self.engine.generate(request)
+        try:
+            first = await anext(events)  # validation happens here, before any byte is sent
+            if first.finish_reason == FinishReason.ERROR:
+                raise error_for_status(first.error_status, first.error or "generation failed")
+        except BaseException:
+            await events.aclose()
+            raise
+        out = Output()
+        if media is None:
+            async with contextlib.aclosing(events):
+                body_obj = await self._collect(req, prompt, first, events)
+            return out.add_as_json(body_obj)
+        out.add_property("Content-Type", media)
+        out.add_property("X-Accel-Buffering", "no")
+        return out.add_stream_content(self._stream(req, prompt, first, events, media))
+
+    async def _collect(
+        self, req: ParsedRequest, prompt: str, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
+    ) -> dict[str, Any]:
+        collected = [first]
+        async for event in events:
+            collected.append(event)
+        last = collected[-1]
+        if last.finish_reason == FinishReason.ERROR:
+            raise error_for_status(last.error_status, last.error or "generation failed")
+        if req.chat:
+            return fmt.ChatFormatter(self.engine.model_name, logprobs=req.logprobs).final_json(collected)
+        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+        for event in collected:
+            lmi.add(event)
+        return lmi.final_json(last)
+
+    async def _stream(
+        self,
+        req: ParsedRequest,
+        prompt: str,
+        first: GenerationEvent,
+        events: AsyncGenerator[GenerationEvent, None],
+        media: str,
+    ) -> AsyncIterator[bytes]:
+        if req.chat:
+            chat = fmt.ChatFormatter(self.engine.model_name, logprobs=req.logprobs, include_usage=True)
+            render = chat.chunk
+        else:
+            lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+            render = lmi.stream_line
+        async with contextlib.aclosing(events):
+            event = first
+            try:
+                while True:
+                    yield fmt.frame(render(event), media)
+                    if event.finished:
+                        break
+                    event = await anext(events)
+            except (StopAsyncIteration, GeneratorExit):
+                raise
+            except Exception as exc:  # the status line is gone: report in-band, in the stream's framing
+                err: LmforgeError = classify(exc)
+                tail = GenerationEvent(
+                    None,
+                    event.prompt_tokens,
+                    event.generated_tokens,
+                    finish_reason=FinishReason.ERROR,
+                    error=err.message,
+                    error_status=err.status,
+                )
+                yield fmt.frame(render(tail), media)
+        if req.chat and media == fmt.SSE:
+            yield b"data: [DONE]\n\n"

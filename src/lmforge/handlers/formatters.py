@@ -1,0 +1,198 @@
+"""Response schemas: the one place that decides what lmforge sends back.
+
+* LMI ``json``: ``{"generated_text", "details"?}``; ``details`` = ``finish_reason``,
+  ``generated_tokens``, ``inputs``, ``tokens[{id, text, log_prob}]`` (+ ``top_tokens``).
+* LMI ``jsonlines`` (and ``sse``, the same objects as ``data:`` events): one line per token
+  ``{"token": {...}, "generated_text": null, "details": null}``; the last line carries
+  ``generated_text`` and, when asked, ``details`` without the token list.
+* Chat: OpenAI ``chat.completion`` and ``chat.completion.chunk`` objects (SSE ends with ``[DONE]``).
+* An error after the stream has started is the stream's last line, in the same framing, with
+  ``finish_reason: "error"``, the message and the status code it would have had.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
+
+JSON = "application/json"
+JSONLINES = "application/jsonlines"
+SSE = "text/event-stream"
+
+_CHAT_FINISH = {
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_SEQUENCE: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "abort",
+    FinishReason.ERROR: "error",
+}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _lp(value: float) -> float | None:
+    return value if value == value and value not in (float("inf"), float("-inf")) else None
+
+
+def token_dict(token: Token) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": _lp(token.log_prob)}
+    if token.special:
+        out["special_token"] = True
+    return out
+
+
+def _top_dicts(token: Token) -> list[dict[str, Any]]:
+    return [{"id": i, "text": t, "log_prob": _lp(lp)} for i, t, lp in token.top_logprobs or []]
+
+
+def frame(obj: Any, media_type: str) -> bytes:
+    if media_type == SSE:
+        return f"data: {dumps(obj)}\n\n".encode()
+    return (dumps(obj) + "\n").encode()
+
+
+class LmiFormatter:
+    """Builds LMI responses from the events of one request."""
+
+    def __init__(self, prompt: str, *, details: bool, return_full_text: bool) -> None:
+        self.prompt = prompt
+        self.details = details
+        self.return_full_text = return_full_text
+        self.tokens: list[Token] = []
+        self.text_parts: list[str] = []
+
+    def _details(self, event: GenerationEvent, *, with_tokens: bool) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "finish_reason": str(event.finish_reason),
+            "generated_tokens": event.generated_tokens,
+            "inputs": self.prompt,
+            "prompt_tokens": event.prompt_tokens,
+        }
+        if with_tokens:
+            d["tokens"] = [token_dict(t) for t in self.tokens]
+            if any(t.top_logprobs for t in self.tokens):
+                d["top_tokens"] = [_top_dicts(t) for t in self.tokens]
+        return d
+
+    def generated_text(self) -> str:
+        text = "".join(self.text_parts)
+        return self.prompt + text if self.return_full_text else text
+
+    def add(self, event: GenerationEvent) -> None:
+        if event.token is not None:
+            self.tokens.append(event.token)
+            self.text_parts.append(event.token.text)
+
+    def final_json(self, event: GenerationEvent) -> dict[str, Any]:
+        out: dict[str, Any] = {"generated_text": self.generated_text()}
+        if self.details:
+            out["details"] = self._details(event, with_tokens=True)
+        return out
+
+    def stream_line(self, event: GenerationEvent) -> dict[str, Any]:
+        self.add(event)
+        line: dict[str, Any] = {
+            "token": token_dict(event.token) if event.token is not None else None,
+            "generated_text": None,
+            "details": None,
+        }
+        if event.token is not None and event.token.top_logprobs:
+            line["top_tokens"] = _top_dicts(event.token)
+        if event.finished:
+            line["generated_text"] = self.generated_text()
+            if self.details or event.finish_reason == FinishReason.ERROR:
+                line["details"] = self._details(event, with_tokens=False)
+            if event.error is not None:
+                line["error"] = event.error
+                line["code"] = event.error_status
+        return line
+
+
+class ChatFormatter:
+    """Builds OpenAI chat-completion responses from the events of one request."""
+
+    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = True) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.tokens: list[Token] = []
+        self._sent_role = False
+
+    def _logprob_entry(self, token: Token) -> dict[str, Any]:
+        return {
+            "token": token.text,
+            "logprob": _lp(token.log_prob),
+            "bytes": list(token.text.encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": _lp(lp), "bytes": list(t.encode())}
+                for _, t, lp in token.top_logprobs or []
+            ],
+        }
+
+    def _usage(self, event: GenerationEvent) -> dict[str, int]:
+        return {
+            "prompt_tokens": event.prompt_tokens,
+            "completion_tokens": event.generated_tokens,
+            "total_tokens": event.prompt_tokens + event.generated_tokens,
+        }
+
+    def final_json(self, events: Iterable[GenerationEvent]) -> dict[str, Any]:
+        last: GenerationEvent | None = None
+        for event in events:
+            if event.token is not None:
+                self.tokens.append(event.token)
+            last = event
+        assert last is not None and last.finish_reason is not None
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(t.text for t in self.tokens)},
+            "logprobs": {"content": [self._logprob_entry(t) for t in self.tokens]} if self.logprobs else None,
+            "finish_reason": _CHAT_FINISH[last.finish_reason],
+        }
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self._usage(last),
+        }
+
+    def chunk(self, event: GenerationEvent) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if not self._sent_role:
+            delta["role"] = "assistant"
+            self._sent_role = True
+        delta["content"] = event.token.text if event.token is not None else ""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": (
+                {"content": [self._logprob_entry(event.token)]}
+                if self.logprobs and event.token is not None
+                else None
+            ),
+            "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
+        }
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        if event.finished:
+            if self.include_usage:
+                out["usage"] = self._usage(event)
+            if event.error is not None:
+                out["error"] = {"message": event.error, "code": event.error_status}
+        return out

@@ -1,0 +1,1 @@
+"""The model server: SageMaker's container contract over the handler layer."""

@@ -1,0 +1,193 @@
+"""The ASGI application: ``GET /ping``, ``POST /invocations`` (+ ``/v1/chat/completions``), ``GET /metrics``.
+
+Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
+:data:`lmforge.errors.ERROR_TABLE`; unexpected exceptions are logged with their traceback here and
+reach the client as a one-line message, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
+
+from lmforge.errors import (
+    LmforgeError,
+    MethodNotAllowedError,
+    NotFoundError,
+    NotReadyError,
+    OverloadedError,
+    classify,
+)
+from lmforge.handlers.io import Input
+from lmforge.serving import asgi
+from lmforge.serving.state import Phase, ServerState
+
+if TYPE_CHECKING:
+    from lmforge.handlers import Handler
+
+log = logging.getLogger("lmforge.serving")
+
+RETRY_AFTER_S = 1
+INVOCATION_PATHS = ("/invocations", "/v1/chat/completions")
+
+
+class App:
+    def __init__(self, handler: Handler, state: ServerState) -> None:
+        self.handler = handler
+        self.state = state
+        self.started = time.time()
+        self.on_load_failure: Any = None
+        self._load_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifespan
+
+    async def _load(self) -> None:
+        t0 = time.monotonic()
+        try:
+            await self.handler.start()
+        except BaseException as exc:
+            err = classify(exc)
+            self.state.phase = Phase.FAILED
+            self.state.detail = f"model failed to load: {err.message}"
+            log.error("%s", self.state.detail, exc_info=not isinstance(exc, LmforgeError))
+            if self.on_load_failure is not None:
+                self.on_load_failure(self.state.detail)
+            return
+        self.state.phase = Phase.READY
+        self.state.detail = "ready"
+        log.info("model loaded in %.1f s; serving with handler %s", time.monotonic() - t0, self.handler.name)
+
+    async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._load_task = asyncio.create_task(self._load(), name="model-load")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.state.phase = Phase.DRAINING
+                if self._load_task is not None and not self._load_task.done():
+                    self._load_task.cancel()
+                try:
+                    await self.handler.shutdown()
+                except Exception:
+                    log.exception("handler shutdown failed")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ routing
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].rstrip("/") or "/"
+        method = scope["method"]
+        try:
+            if path == "/ping":
+                self._require(method, "GET", "HEAD")
+                await self._ping(send)
+            elif path in INVOCATION_PATHS:
+                self._require(method, "POST")
+                await self._invoke(scope, receive, send)
+            elif path == "/metrics":
+                self._require(method, "GET")
+                await asgi.send_body(send, 200, self._metrics().encode(), "text/plain; version=0.0.4")
+            else:
+                raise NotFoundError(f"no route {method} {scope['path']}; use GET /ping or POST /invocations")
+        except LmforgeError as err:
+            self.state.count(err.status)
+            await asgi.send_error(send, err)
+
+    @staticmethod
+    def _require(method: str, *allowed: str) -> None:
+        if method not in allowed:
+            raise MethodNotAllowedError(f"method {method} is not allowed here; use {' or '.join(allowed)}")
+
+    async def _ping(self, send: asgi.Send) -> None:
+        if self.state.phase != Phase.READY:
+            await asgi.send_json(send, 503, {"status": str(self.state.phase), "message": self.state.detail})
+            return
+        try:
+            self.handler.check_health()
+        except Exception as exc:
+            err = classify(exc)
+            await asgi.send_json(send, 503, {"status": "unhealthy", "message": err.message})
+            return
+        await asgi.send_json(send, 200, {"status": "healthy"})
+
+    # ------------------------------------------------------------------ invocations
+
+    def _admit(self) -> None:
+        state = self.state
+        if state.phase != Phase.READY:
+            raise NotReadyError(f"not ready: {state.detail}", retry_after=RETRY_AFTER_S)
+        if state.in_flight >= state.max_in_flight:
+            raise OverloadedError(
+                f"server is at capacity ({state.in_flight} requests in flight, the running batch plus "
+                "job_queue_size); retry later",
+                retry_after=RETRY_AFTER_S,
+            )
+
+    async def _invoke(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        self._admit()
+        self.state.in_flight += 1
+        try:
+            await self._invoke_admitted(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
+
+    async def _invoke_admitted(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        try:
+            body = await asgi.read_body(scope, receive, self.state.max_request_size)
+        except asgi.ClientDisconnected:
+            return
+        properties = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        properties.update(query)
+        inputs = Input(properties=properties, content={"data": body})
+        try:
+            output = await asgi.run_unless_disconnected(receive, self.handler.handle(inputs))
+        except asgi.ClientDisconnected:
+            self.state.count(499)
+            return
+        except LmforgeError:
+            raise
+        except Exception as exc:
+            err = classify(exc)
+            log.error("handler failed (%s %s): %s", err.status, err.type, err.message, exc_info=True)
+            raise err from None
+        content_type = output.properties.get("Content-Type", "application/octet-stream")
+        headers = {k: v for k, v in output.properties.items() if k.lower() != "content-type"}
+        self.state.count(output.code)
+        if output.stream is None:
+            await asgi.send_body(send, output.code, output.body(), content_type, headers)
+            return
+        try:
+            await asgi.stream_response(receive, send, output.code, content_type, headers, output.stream)
+        except Exception:
+            log.exception("response stream failed after the status line was sent")
+
+    # ------------------------------------------------------------------ metrics
+
+    def _metrics(self) -> str:
+        lines = [
+            "# TYPE lmforge_up gauge",
+            f"lmforge_up {int(self.state.phase == Phase.READY)}",
+            "# TYPE lmforge_in_flight_requests gauge",
+            f"lmforge_in_flight_requests {self.state.in_flight}",
+            "# TYPE lmforge_responses_total counter",
+        ]
+        lines += [
+            f'lmforge_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.state.responses.items())
+        ]
+        stats: dict[str, float] = {}
+        if self.state.phase == Phase.READY:
+            stats = self.handler.stats()
+        for key, value in sorted(stats.items()):
+            lines += [f"# TYPE lmforge_engine_{key} gauge", f"lmforge_engine_{key} {value:g}"]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,141 @@
+"""Run the model server: resolve the config, build the handler, serve on the SageMaker port.
+
+The port is bound before the model loads, so ``/ping`` answers 503 while loading (SageMaker polls it
+within ``ContainerStartupHealthCheckTimeoutInSeconds``). Loading has ``option.model_loading_timeout``;
+a model that fails or times out makes the process exit non-zero, as a container would. On SIGTERM the
+server stops admitting (503), lets in-flight requests finish for up to ``DRAIN_S`` (SageMaker sends
+SIGKILL 30 s after SIGTERM), then shuts the engine down and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from lmforge.serving.app import App
+from lmforge.serving.state import Phase, ServerState
+
+log = logging.getLogger("lmforge.serving")
+
+DEFAULT_PORT = 8080
+DRAIN_S = 25
+
+
+def resolve_port(port: int | None) -> int:
+    if port is not None:
+        return port
+    env = os.environ.get("SAGEMAKER_BIND_TO_PORT")
+    return int(env) if env else DEFAULT_PORT
+
+
+def default_num_threads() -> int:
+    """Leave one core to the HTTP loop and tokenization: torch on all cores collapses under load."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def serve(model_dir: str, *, host: str, port: int | None, log_level: str = "info") -> int:
+    """Serve the model folder until stopped; returns the process exit code."""
+    import uvicorn
+
+    from lmforge.config import ConfigError, load_config
+    from lmforge.errors import LmforgeError
+    from lmforge.handlers import create_handler
+
+    configure_logging(log_level)
+    try:
+        resolved = load_config(model_dir)
+    except ConfigError as exc:
+        print(f"error: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    for warning in resolved.warnings:
+        log.warning("%s", warning)
+    config = resolved.config
+    if config.num_threads is None:
+        config = config.model_copy(update={"num_threads": default_num_threads()})
+        resolved.config = config
+    try:
+        handler = create_handler(resolved)
+    except LmforgeError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+
+    state = ServerState(
+        max_in_flight=config.max_rolling_batch_size + config.job_queue_size,
+        max_request_size=config.max_request_size,
+    )
+    app = App(handler, state)
+    bind_port = resolve_port(port)
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=bind_port,
+        log_level=log_level.lower(),
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=DRAIN_S,
+        timeout_keep_alive=75,
+        h11_max_incomplete_event_size=4 * 2**20,
+    )
+    server = _Server(uv_config, state)
+    exit_code = {"code": 0}
+
+    def on_load_failure(detail: str) -> None:
+        exit_code["code"] = 1
+        server.should_exit = True
+
+    app.on_load_failure = on_load_failure
+
+    async def main() -> None:
+        loader_deadline = asyncio.create_task(_deadline(state, config.model_loading_timeout, on_load_failure))
+        try:
+            await server.serve()
+        finally:
+            loader_deadline.cancel()
+
+    log.info("lmforge serving %s on http://%s:%d (/ping, /invocations)", model_dir, host, bind_port)
+    asyncio.run(main())
+    if not server.started and exit_code["code"] == 0:
+        return 1  # could not bind
+    return exit_code["code"]
+
+
+async def _deadline(state: ServerState, timeout_s: int, fail: Any) -> None:
+    await asyncio.sleep(timeout_s)
+    if state.phase == Phase.LOADING:
+        state.phase = Phase.FAILED
+        state.detail = f"model did not load within option.model_loading_timeout={timeout_s}s"
+        log.error("%s", state.detail)
+        fail(state.detail)
+
+
+def _make_server_class() -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        def __init__(self, config: Any, state: ServerState) -> None:
+            super().__init__(config)
+            self._state = state
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self._state.phase in (Phase.READY, Phase.LOADING):
+                self._state.phase = Phase.DRAINING
+                self._state.detail = "shutting down"
+                log.info("signal %d: draining in-flight requests (up to %d s)", sig, DRAIN_S)
+            super().handle_exit(sig, frame)
+
+    return Server
+
+
+def _Server(config: Any, state: ServerState) -> Any:
+    return _make_server_class()(config, state)

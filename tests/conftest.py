@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded example model (random-weight Llama + locally trained tokenizer), built once."""
+    from lmforge.models.example import write_example_model
+
+    return write_example_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model: Path) -> Reference:
+    import torch
+
+    torch.set_num_threads(1)
+    return Reference(tiny_model)
+
+
+class Reference:
+    """transformers' own ``generate`` on the same folder: the oracle for greedy outputs and log-probs."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
+
+    def greedy(self, prompt: str, max_new_tokens: int, *, eos: bool = True) -> tuple[list[int], list[float]]:
+        import torch
+
+        ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = self.model.generate(
+                ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                eos_token_id=self.model.generation_config.eos_token_id if eos else None,
+                pad_token_id=self.tokenizer.pad_token_id,
+            )
+        scores = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)[0]
+        return out.sequences[0, ids.shape[1] :].tolist(), scores.tolist()
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))

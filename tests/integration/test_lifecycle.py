@@ -1,0 +1,162 @@
+"""Server lifecycle and limits, each on its own server process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Reference
+from tests.utils import TEST_ENV, RemoteServer
+
+pytestmark = pytest.mark.integration
+
+
+def test_ping_is_not_200_before_the_model_is_loaded(tiny_model: Path) -> None:
+    srv = RemoteServer(tiny_model, wait_ready=False).start()
+    try:
+        seen: list[int] = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                status = httpx.get(srv.url + "/ping", timeout=2).status_code
+            except httpx.HTTPError:
+                time.sleep(0.02)
+                continue
+            seen.append(status)
+            if status == 200:
+                break
+            assert status == 503
+            # While loading, invocations are refused with 503 too.
+            resp = httpx.post(srv.url + "/invocations", json={"inputs": "x"}, timeout=5)
+            assert resp.status_code == 503
+            assert resp.json()["type"] == "not_ready"
+            assert "Retry-After" in resp.headers
+            time.sleep(0.05)
+        assert seen[-1] == 200
+        assert 503 in seen, "the port answers before the model is loaded, with 503"
+    finally:
+        srv.stop()
+
+
+def test_model_that_fails_to_load_exits_nonzero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "serving.properties").write_text("option.rolling_batch=lmi-dist\n")
+    (bad / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    srv = RemoteServer(bad, wait_ready=False).start()
+    assert srv.proc is not None
+    code = srv.proc.wait(120)
+    assert code != 0
+    assert "model failed to load" in srv.logs()
+
+
+def test_invalid_serving_properties_is_a_clear_error(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size = lots\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", "serve", str(d), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**TEST_ENV, "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 2
+    assert "serving.properties:2" in proc.stderr
+    assert "option.max_rolling_batch_size" in proc.stderr
+    assert "lots" in proc.stderr
+
+
+def test_queue_full_gets_503_with_retry_after(tiny_model: Path) -> None:
+    env = {"OPTION_MAX_ROLLING_BATCH_SIZE": "1", "SERVING_JOB_QUEUE_SIZE": "1"}
+    with RemoteServer(tiny_model, env=env) as srv:
+        body = {"inputs": "def ", "parameters": {"max_new_tokens": 400, "ignore_eos_token": True}}
+
+        def one(_: int) -> httpx.Response:
+            return httpx.post(srv.url + "/invocations", json=body, timeout=120)
+
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(one, range(6)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes.count(200) >= 2, codes  # the running one and the queued one finish
+        rejected = [r for r in responses if r.status_code == 503]
+        assert rejected, codes
+        for r in rejected:
+            assert r.headers["Retry-After"] == "1"
+            assert r.json()["type"] == "overloaded"
+        for r in responses:
+            if r.status_code == 200:
+                assert len(r.json()["generated_text"]) > 0
+
+
+def test_eos_finish_reason(tiny_model: Path, reference: Reference, tmp_path: Path) -> None:
+    """A model whose generation_config lists a second EOS id that greedy decoding reaches."""
+    ids, _ = reference.greedy("def ", 12, eos=False)
+    stop_id = ids[5]
+    first = ids.index(stop_id)
+    model = tmp_path / "eos-model"
+    shutil.copytree(tiny_model, model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    base = gen["eos_token_id"]
+    gen["eos_token_id"] = [base, stop_id] if isinstance(base, int) else [*base, stop_id]
+    (model / "generation_config.json").write_text(json.dumps(gen))
+    with RemoteServer(model) as srv:
+        out = httpx.post(
+            srv.url + "/invocations",
+            json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True}},
+            timeout=60,
+        ).json()
+        assert out["details"]["finish_reason"] == "eos_token"
+        assert [t["id"] for t in out["details"]["tokens"]] == ids[: first + 1]
+        ignored = httpx.post(
+            srv.url + "/invocations",
+            json={
+                "inputs": "def ",
+                "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos_token": True},
+            },
+            timeout=60,
+        ).json()
+        assert ignored["details"]["finish_reason"] == "length"
+        assert ignored["details"]["generated_tokens"] == 12
+
+
+MODEL_PY = """
+from djl_python import Input, Output
+
+state = {}
+
+
+def handle(inputs: Input):
+    if inputs.is_empty():
+        state["props"] = inputs.get_properties()
+        return None
+    data = inputs.get_as_json()
+    if data.get("fail"):
+        raise ValueError("the model refused: " + data["fail"])
+    out = Output()
+    out.add_as_json({"echo": data["inputs"][::-1], "max_size": state["props"]["max_rolling_batch_size"]})
+    return out
+"""
+
+
+def test_custom_model_py_written_for_lmi(tmp_path: Path) -> None:
+    d = tmp_path / "custom"
+    d.mkdir()
+    (d / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size=7\n")
+    (d / "model.py").write_text(MODEL_PY)
+    with RemoteServer(d) as srv:
+        resp = httpx.post(srv.url + "/invocations", json={"inputs": "abc"})
+        assert resp.status_code == 200
+        assert resp.json() == {"echo": "cba", "max_size": "7"}
+        resp = httpx.post(srv.url + "/invocations", json={"inputs": "abc", "fail": "no"})
+        assert resp.status_code == 424
+        assert "the model refused: no" in resp.json()["message"]
+        assert "Traceback" not in resp.text

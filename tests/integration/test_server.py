@@ -1,0 +1,310 @@
+"""The real server process with the tiny model, over real sockets."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Reference
+from tests.utils import RemoteServer, metrics, stream_lines
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["def ", "import os\n", "class Foo(object):\n    ", "for i in range("]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(tiny_model) as srv:
+        yield srv
+
+
+def invoke(srv: RemoteServer, body: object, **kwargs: object) -> httpx.Response:
+    return httpx.post(srv.url + "/invocations", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+
+def test_ping_healthy(server: RemoteServer) -> None:
+    resp = httpx.get(server.url + "/ping")
+    assert resp.status_code == 200
+    assert resp.json()["status"] == "healthy"
+
+
+def test_greedy_equals_transformers_generate(server: RemoteServer, reference: Reference) -> None:
+    for prompt in PROMPTS:
+        ids, scores = reference.greedy(prompt, 24)
+        resp = invoke(server, {"inputs": prompt, "parameters": {"max_new_tokens": 24, "details": True}})
+        assert resp.status_code == 200, resp.text
+        out = resp.json()
+        tokens = out["details"]["tokens"]
+        assert [t["id"] for t in tokens] == ids
+        assert out["generated_text"] == reference.decode(ids)
+        assert out["generated_text"] == "".join(t["text"] for t in tokens)
+        for tok, ref in zip(tokens, scores, strict=True):
+            assert math.isfinite(tok["log_prob"]) and tok["log_prob"] <= 0
+            assert tok["log_prob"] == pytest.approx(ref, abs=1e-4)
+        details = out["details"]
+        assert details["generated_tokens"] == len(ids)
+        assert details["inputs"] == prompt
+        assert details["finish_reason"] in ("length", "eos_token")
+
+
+def test_stream_tokens_arrive_one_by_one(server: RemoteServer, reference: Reference) -> None:
+    body = {
+        "inputs": "def ",
+        "parameters": {"max_new_tokens": 200, "details": True, "ignore_eos_token": True},
+        "stream": True,
+    }
+    started = time.monotonic()
+    lines = list(stream_lines(server.url + "/invocations", body))
+    assert len(lines) == 200
+    parsed = [json.loads(line) for _, line in lines]
+    for item in parsed[:-1]:
+        assert set(item) >= {"token", "generated_text", "details"}
+        assert item["generated_text"] is None and item["details"] is None
+        assert set(item["token"]) >= {"id", "text", "log_prob"}
+    last = parsed[-1]
+    assert last["details"]["finish_reason"] == "length"
+    assert last["details"]["generated_tokens"] == 200
+    assert last["generated_text"] == "".join(p["token"]["text"] for p in parsed)
+    ids, _ = reference.greedy("def ", 200, eos=False)
+    assert [p["token"]["id"] for p in parsed] == ids
+    # The first token arrived well before generation ended, and arrivals are spread out.
+    first_at, last_at = lines[0][0], lines[-1][0]
+    assert first_at - started < (last_at - started) / 2
+    assert len({round(t, 3) for t, _ in lines}) > 20
+
+
+def test_stream_matches_non_stream(server: RemoteServer) -> None:
+    params = {"max_new_tokens": 40, "details": True}
+    whole = invoke(server, {"inputs": "import os\n", "parameters": params}).json()
+    lines = [
+        json.loads(line)
+        for _, line in stream_lines(
+            server.url + "/invocations", {"inputs": "import os\n", "parameters": params, "stream": True}
+        )
+    ]
+    assert lines[-1]["generated_text"] == whole["generated_text"]
+    assert [p["token"]["id"] for p in lines] == [t["id"] for t in whole["details"]["tokens"]]
+
+
+def test_sse_when_asked(server: RemoteServer) -> None:
+    body = {"inputs": "def ", "parameters": {"max_new_tokens": 8}, "stream": True}
+    with httpx.stream(
+        "POST", server.url + "/invocations", json=body, headers={"Accept": "text/event-stream"}
+    ) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        raw = resp.read().decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert len(events) == 8
+    assert all(e.startswith("data: ") for e in events)
+    assert json.loads(events[-1][6:])["details"] is None  # details not asked
+
+
+def test_finish_reason_length_and_stop_sequence(server: RemoteServer, reference: Reference) -> None:
+    ids, _ = reference.greedy("def ", 30, eos=False)
+    text = reference.decode(ids)
+    out = invoke(server, {"inputs": "def ", "parameters": {"max_new_tokens": 5, "details": True}}).json()
+    assert out["details"]["finish_reason"] == "length"
+    assert out["details"]["generated_tokens"] == 5
+    stop = text[12:15]
+    assert stop.strip(), "choose a visible stop string"
+    cut = text[: text.index(stop)]
+    out = invoke(
+        server,
+        {"inputs": "def ", "parameters": {"max_new_tokens": 30, "details": True, "stop_sequences": [stop]}},
+    ).json()
+    assert out["details"]["finish_reason"] == "stop_sequence"
+    assert out["generated_text"] == cut
+    # Streaming holds back a partial match, so the streamed text never contains the stop string.
+    lines = [
+        json.loads(line)
+        for _, line in stream_lines(
+            server.url + "/invocations",
+            {"inputs": "def ", "parameters": {"max_new_tokens": 30, "stop": stop}, "stream": True},
+        )
+    ]
+    assert "".join(p["token"]["text"] for p in lines if p["token"]) == cut
+    assert lines[-1]["generated_text"] == cut
+
+
+def test_return_full_text(server: RemoteServer) -> None:
+    out = invoke(
+        server, {"inputs": "def ", "parameters": {"max_new_tokens": 4, "return_full_text": True}}
+    ).json()
+    plain = invoke(server, {"inputs": "def ", "parameters": {"max_new_tokens": 4}}).json()
+    assert out["generated_text"] == "def " + plain["generated_text"]
+
+
+def test_seeded_sampling_is_reproducible(server: RemoteServer) -> None:
+    params = {
+        "max_new_tokens": 16,
+        "do_sample": True,
+        "temperature": 0.9,
+        "top_k": 40,
+        "top_p": 0.95,
+        "seed": 11,
+    }
+    a = invoke(server, {"inputs": "def ", "parameters": params}).json()["generated_text"]
+    b = invoke(server, {"inputs": "def ", "parameters": params}).json()["generated_text"]
+    c = invoke(server, {"inputs": "def ", "parameters": {**params, "seed": 12}}).json()["generated_text"]
+    assert a == b
+    assert a != c
+
+
+def test_32_concurrent_streams(server: RemoteServer, reference: Reference) -> None:
+    expected = {p: reference.decode(reference.greedy(p, 32)[0]) for p in PROMPTS}
+
+    def one(i: int) -> tuple[str, str]:
+        prompt = PROMPTS[i % len(PROMPTS)]
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 32}, "stream": True}
+        lines = [json.loads(line) for _, line in stream_lines(server.url + "/invocations", body)]
+        assert lines[-1]["generated_text"] == "".join(p["token"]["text"] for p in lines)
+        return prompt, lines[-1]["generated_text"]
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert len(results) == 32
+    for prompt, text in results:
+        assert text == expected[prompt]
+
+
+def test_disconnect_aborts_engine_request(server: RemoteServer) -> None:
+    before = metrics(server.url)
+    body = json.dumps(
+        {"inputs": "def ", "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}, "stream": True}
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    received = b""
+    while received.count(b"\n{") < 3:
+        received += sock.recv(65536)
+    assert received.startswith(b"HTTP/1.1 200")
+    sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = metrics(server.url)
+        if now["lmforge_engine_running"] == 0 and now["lmforge_engine_aborted_total"] > before.get(
+            "lmforge_engine_aborted_total", 0
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"engine request was not aborted: {now}")
+    assert now["lmforge_engine_tokens_total"] - before["lmforge_engine_tokens_total"] < 900
+
+
+def test_chat_messages(server: RemoteServer) -> None:
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12, "temperature": 0}
+    out = invoke(server, body).json()
+    assert out["object"] == "chat.completion"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert choice["finish_reason"] in ("stop", "length")
+    assert out["usage"]["completion_tokens"] <= 12
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
+    # Streaming chunks reassemble to the same content; SSE ends with [DONE].
+    with httpx.stream(
+        "POST",
+        server.url + "/invocations",
+        json={**body, "stream": True},
+        headers={"Accept": "text/event-stream"},
+    ) as resp:
+        raw = resp.read().decode()
+    events = [e[6:] for e in raw.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert (
+        "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == choice["message"]["content"]
+    )
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    # OpenAI path alias
+    alias = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert alias["choices"][0]["message"]["content"] == choice["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"inputs": "def ", "parameters": {', "body"),
+        (b"[1, 2]", "body"),
+        (b'{"parameters": {}}', "inputs"),
+        (b'{"inputs": 5}', "inputs"),
+        (b'{"inputs": ""}', "inputs"),
+        (b'{"inputs": ["a", "b"]}', "inputs"),
+        (b'{"inputs": "x", "parameters": {"max_new_tokens": "ten"}}', "parameters.max_new_tokens"),
+        (b'{"inputs": "x", "parameters": {"max_new_tokens": 0}}', "parameters.max_new_tokens"),
+        (b'{"inputs": "x", "parameters": {"temperature": -1}}', "parameters.temperature"),
+        (b'{"inputs": "x", "parameters": {"top_p": 1.5}}', "parameters.top_p"),
+        (b'{"inputs": "x", "parameters": {"do_sample": "yes"}}', "parameters.do_sample"),
+        (b'{"inputs": "x", "parameters": {"bogus": 1}}', "parameters.bogus"),
+        (b'{"inputs": "x", "parameters": {"max_new_tokens": 5000}}', "parameters.max_new_tokens"),
+        (b'{"inputs": "x", "stream": "true"}', "stream"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages.0.role"),
+        (b'{"messages": []}', "messages"),
+        (b"\xff\xfe", "body"),
+    ],
+)
+def test_bad_requests_get_400_naming_the_field(server: RemoteServer, body: bytes, param: str) -> None:
+    resp = httpx.post(
+        server.url + "/invocations", content=body, headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert resp.status_code == 400, resp.text
+    err = resp.json()
+    assert err["code"] == 400
+    assert err["type"] == "bad_request"
+    assert err["param"] == param
+    assert "Traceback" not in resp.text
+    assert err["message"]
+
+
+def test_body_too_large_is_413(server: RemoteServer) -> None:
+    big = b'{"inputs": "' + b"a" * (7 * 2**20) + b'"}'
+    resp = httpx.post(server.url + "/invocations", content=big, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 413
+    assert resp.json()["type"] == "payload_too_large"
+
+
+def test_unknown_route_and_method(server: RemoteServer) -> None:
+    assert httpx.get(server.url + "/nope").status_code == 404
+    assert httpx.get(server.url + "/invocations").status_code == 405
+    assert httpx.post(server.url + "/ping").status_code == 405
+
+
+def test_plain_text_body_is_inputs(server: RemoteServer) -> None:
+    resp = httpx.post(server.url + "/invocations", content=b"def ", headers={"Content-Type": "text/plain"})
+    assert resp.status_code == 200
+    assert isinstance(resp.json()["generated_text"], str)
+
+
+def test_sigterm_drains_and_exits_zero(tiny_model: Path) -> None:
+    srv = RemoteServer(tiny_model).start()
+    body = {"inputs": "def ", "parameters": {"max_new_tokens": 300, "ignore_eos_token": True}, "stream": True}
+    got: list[bytes] = []
+
+    def reader() -> None:
+        got.extend(line for _, line in stream_lines(srv.url + "/invocations", body))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)
+    code = srv.stop()
+    t.join(30)
+    assert code == 0, srv.logs()
+    assert len(got) == 300
+    assert json.loads(got[-1])["details"] is None

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+
+from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
+from lmforge.handlers import formatters as fmt
+
+
+def events() -> list[GenerationEvent]:
+    return [
+        GenerationEvent(Token(5, "he", -0.5), 3, 1),
+        GenerationEvent(Token(6, "llo", -1.25), 3, 2),
+        GenerationEvent(Token(2, "", -0.1, special=True), 3, 3, finish_reason=FinishReason.EOS),
+    ]
+
+
+def test_lmi_json_with_details() -> None:
+    f = fmt.LmiFormatter("p", details=True, return_full_text=False)
+    evs = events()
+    for e in evs:
+        f.add(e)
+    out = f.final_json(evs[-1])
+    assert out == {
+        "generated_text": "hello",
+        "details": {
+            "finish_reason": "eos_token",
+            "generated_tokens": 3,
+            "inputs": "p",
+            "prompt_tokens": 3,
+            "tokens": [
+                {"id": 5, "text": "he", "log_prob": -0.5},
+                {"id": 6, "text": "llo", "log_prob": -1.25},
+                {"id": 2, "text": "", "log_prob": -0.1, "special_token": True},
+            ],
+        },
+    }
+
+
+def test_lmi_jsonlines_lines() -> None:
+    f = fmt.LmiFormatter("p", details=True, return_full_text=True)
+    lines = [json.loads(fmt.frame(f.stream_line(e), fmt.JSONLINES)) for e in events()]
+    assert lines[0] == {
+        "token": {"id": 5, "text": "he", "log_prob": -0.5},
+        "generated_text": None,
+        "details": None,
+    }
+    assert lines[-1]["generated_text"] == "phello"
+    assert lines[-1]["details"] == {
+        "finish_reason": "eos_token",
+        "generated_tokens": 3,
+        "inputs": "p",
+        "prompt_tokens": 3,
+    }
+
+
+def test_sse_framing_and_error_line() -> None:
+    f = fmt.LmiFormatter("p", details=False, return_full_text=False)
+    f.stream_line(events()[0])
+    err = GenerationEvent(None, 3, 1, finish_reason=FinishReason.ERROR, error="boom", error_status=503)
+    raw = fmt.frame(f.stream_line(err), fmt.SSE)
+    assert raw.startswith(b"data: ") and raw.endswith(b"\n\n")
+    line = json.loads(raw[6:])
+    assert line["error"] == "boom" and line["code"] == 503
+    assert line["details"]["finish_reason"] == "error"
+    assert line["generated_text"] == "he"
+
+
+def test_nan_log_prob_is_null_not_invalid_json() -> None:
+    line = fmt.token_dict(Token(1, "x", float("nan")))
+    assert line["log_prob"] is None
+    fmt.dumps(line)
+
+
+def test_chat_json_and_chunks() -> None:
+    c = fmt.ChatFormatter("m", logprobs=True)
+    out = c.final_json(events())
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["logprobs"]["content"][1]["logprob"] == -1.25
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    s = fmt.ChatFormatter("m", logprobs=False)
+    chunks = [s.chunk(e) for e in events()]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
+    assert chunks[1]["choices"][0]["delta"] == {"content": "llo"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(ch["id"] == chunks[0]["id"] for ch in chunks)

@@ -1,0 +1,151 @@
+"""LMI-Dist in-process: failure paths that need hooks a real server cannot reach (a dying loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmforge.config import load_config
+from lmforge.engines.lmi_dist.engine import LmiDistEngine
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
+from lmforge.errors import BadRequestError, EngineDeadError
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def make_engine(model: Path, loop: asyncio.AbstractEventLoop, **env: str) -> LmiDistEngine:
+    resolved = load_config(model, env={"OPTION_NUM_THREADS": "1", **env})
+    engine = LmiDistEngine(resolved.config)
+    loop.run_until_complete(engine.start())
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path, loop: asyncio.AbstractEventLoop) -> Iterator[LmiDistEngine]:
+    eng = make_engine(tiny_model, loop)
+    yield eng
+    loop.run_until_complete(eng.shutdown())
+
+
+async def collect(
+    engine: LmiDistEngine, rid: str, params: SamplingParams, prompt: str = "def "
+) -> list[GenerationEvent]:
+    return [e async for e in engine.generate(GenerationRequest(rid, prompt, params))]
+
+
+def test_request_larger_than_max_model_len_is_rejected_up_front(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    with pytest.raises(BadRequestError) as err:
+        loop.run_until_complete(collect(engine, "big", SamplingParams(max_new_tokens=engine.max_model_len)))
+    assert err.value.param == "parameters.max_new_tokens"
+    assert str(engine.max_model_len) in err.value.message
+    # The loop survived: the next request works.
+    events = loop.run_until_complete(collect(engine, "ok", SamplingParams(max_new_tokens=4)))
+    assert events[-1].finish_reason == FinishReason.LENGTH
+    engine.check_health()
+
+
+def test_abort_sends_a_final_event_and_frees_the_slot(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    async def scenario() -> list[GenerationEvent]:
+        got: list[GenerationEvent] = []
+        params = SamplingParams(max_new_tokens=500, ignore_eos=True)
+        async for event in engine.generate(GenerationRequest("abort-me", "def ", params)):
+            got.append(event)
+            if len(got) == 3:
+                await engine.abort("abort-me")
+                await engine.abort("abort-me")  # idempotent
+        return got
+
+    got = loop.run_until_complete(scenario())
+    assert got[-1].finish_reason == FinishReason.ABORT
+    assert got[-1].token is None
+    assert len(got) < 50
+    assert engine.stats()["running"] == 0
+
+
+def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
+    async def scenario() -> None:
+        before = engine.stats()["aborted_total"]
+        stream = engine.generate(
+            GenerationRequest("close-me", "def ", SamplingParams(max_new_tokens=500, ignore_eos=True))
+        )
+        await anext(stream)
+        await stream.aclose()
+        assert engine.stats()["running"] == 0
+        assert engine.stats()["aborted_total"] == before + 1
+
+    loop.run_until_complete(scenario())
+
+
+def test_dead_loop_fails_in_flight_requests_and_reports_unhealthy(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    engine = make_engine(tiny_model, loop)
+    try:
+        model = engine._model
+        original = model.forward
+        calls = {"n": 0}
+
+        def exploding_forward(*args: object, **kwargs: object) -> object:
+            calls["n"] += 1
+            if calls["n"] > 5:
+                raise RuntimeError("simulated device failure")
+            return original(*args, **kwargs)
+
+        model.forward = exploding_forward
+
+        async def scenario() -> list[list[GenerationEvent]]:
+            params = SamplingParams(max_new_tokens=300, ignore_eos=True)
+            return await asyncio.wait_for(
+                asyncio.gather(*[collect(engine, f"d{i}", params) for i in range(3)]), timeout=30
+            )
+
+        results = loop.run_until_complete(scenario())
+        for events in results:
+            assert events[-1].finish_reason == FinishReason.ERROR
+            assert events[-1].error
+        loop.run_until_complete(asyncio.sleep(0.6))  # the supervisor notices
+        with pytest.raises(EngineDeadError):
+            engine.check_health()
+        with pytest.raises(EngineDeadError):
+            loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=3)))
+    finally:
+        loop.run_until_complete(engine.shutdown())
+
+
+def test_repetition_penalty_changes_greedy_output(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    plain = loop.run_until_complete(
+        collect(engine, "rp0", SamplingParams(max_new_tokens=40, ignore_eos=True))
+    )
+    penal = loop.run_until_complete(
+        collect(engine, "rp1", SamplingParams(max_new_tokens=40, ignore_eos=True, repetition_penalty=5.0))
+    )
+    ids_plain = [e.token.id for e in plain if e.token]
+    ids_penal = [e.token.id for e in penal if e.token]
+    assert ids_plain != ids_penal
+    assert len(set(ids_penal)) >= len(set(ids_plain))
+
+
+def test_top_n_logprobs(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
+    events = loop.run_until_complete(
+        collect(engine, "top", SamplingParams(max_new_tokens=5, top_n_logprobs=3))
+    )
+    for e in events:
+        assert e.token is not None and e.token.top_logprobs is not None
+        assert len(e.token.top_logprobs) == 3
+        best_id, _, best_lp = e.token.top_logprobs[0]
+        assert best_id == e.token.id  # greedy picks the most likely token
+        assert best_lp == pytest.approx(e.token.log_prob)
