@@ -75,10 +75,19 @@ def test_invalid_serving_properties_is_a_clear_error(tmp_path: Path) -> None:
     assert "lots" in proc.stderr
 
 
-def test_queue_full_gets_503_with_retry_after(tiny_model: Path) -> None:
-    env = {"OPTION_MAX_ROLLING_BATCH_SIZE": "1", "SERVING_JOB_QUEUE_SIZE": "1"}
-    with RemoteServer(tiny_model, env=env) as srv:
-        body = {"inputs": "def ", "parameters": {"max_new_tokens": 400, "ignore_eos_token": True}}
+def with_properties(src: Path, dst: Path, **props: str) -> Path:
+    """A copy of a model folder with some serving.properties keys replaced (the file beats OPTION_* env)."""
+    shutil.copytree(src, dst)
+    lines = [ln for ln in (dst / "serving.properties").read_text().splitlines() if ln.split("=")[0] not in props]
+    lines += [f"{k}={v}" for k, v in props.items()]
+    (dst / "serving.properties").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_queue_full_gets_503_with_retry_after(tiny_model: Path, tmp_path: Path) -> None:
+    model = with_properties(tiny_model, tmp_path / "m", **{"option.max_rolling_batch_size": "1"})
+    with RemoteServer(model, env={"SERVING_JOB_QUEUE_SIZE": "1"}) as srv:
+        body = {"inputs": "def ", "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}}
 
         def one(_: int) -> httpx.Response:
             return httpx.post(srv.url + "/invocations", json=body, timeout=120)

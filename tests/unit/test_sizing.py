@@ -47,3 +47,8 @@ def test_budget_too_small_for_one_sequence_names_the_options() -> None:
     msg = err.value.message
     assert "option.max_model_len=4096" in msg
     assert "option.kv_cache_memory_mb" in msg
+
+
+def test_batch_of_one_still_holds_a_full_sequence() -> None:
+    plan = plan_kv_cache(bytes_per_token=1024, max_model_len=1024, max_batch_size=1, available_bytes=8 * 2**30)
+    assert plan.capacity_tokens >= 1024 + plan.page_size

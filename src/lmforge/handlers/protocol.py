@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmforge.engines.protocol import SamplingParams
 from lmforge.errors import BadRequestError
@@ -65,16 +65,6 @@ class LmiRequest(BaseModel):
     stream: bool = False
     # Routing keys handled by the server or a later feature; accepted here so they are not "unknown".
     adapters: str | list[str] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _inputs_shape(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("inputs"), list):
-            raise ValueError(
-                "inputs must be one string: rolling batch takes one prompt per request "
-                "(send concurrent requests instead of a list)"
-            )
-        return data
 
 
 class TextPart(BaseModel):
@@ -235,6 +225,12 @@ def parse_request(body: dict[str, Any], *, default_max_new_tokens: int) -> Parse
         keys = ", ".join(sorted(body)) or "none"
         raise BadRequestError(
             f"body needs 'inputs' (text) or 'messages' (chat); got keys: {keys}", param="inputs"
+        )
+    if isinstance(body["inputs"], list):
+        raise BadRequestError(
+            "inputs must be one string: rolling batch takes one prompt per request "
+            "(send concurrent requests instead of a list)",
+            param="inputs",
         )
     try:
         req = LmiRequest.model_validate(body)

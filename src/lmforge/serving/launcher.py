@@ -133,6 +133,9 @@ def _make_server_class() -> Any:
                 self._state.detail = "shutting down"
                 log.info("signal %d: draining in-flight requests (up to %d s)", sig, DRAIN_S)
             super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals after its shutdown, so the process would die by
+            # SIGTERM; a drained, clean shutdown exits 0 instead.
+            self._captured_signals.clear()
 
     return Server
 

@@ -78,7 +78,8 @@ def plan_kv_cache(
     batch_tokens = prefill_tokens or min(DEFAULT_PREFILL_TOKENS, max(page_size, max_model_len))
     per_token = bytes_per_token + 4 * batch_tokens  # KV + this token's column of the attention mask
     fixed = 4 * batch_tokens * batch_tokens
-    wanted_tokens = max_batch_size * max_model_len
+    needed_blocks = math.ceil(max_model_len / page_size) + 1  # one full sequence, plus a partial page
+    wanted_tokens = max(max_batch_size * max_model_len, needed_blocks * page_size)
     if memory_budget_bytes is not None:
         tokens = max(0, memory_budget_bytes - fixed) // per_token
         limit_name = "option.kv_cache_memory_mb"
@@ -88,7 +89,6 @@ def plan_kv_cache(
         tokens = min(wanted_tokens, budget_tokens)
         limit_name = "available memory"
     num_blocks = tokens // page_size
-    needed_blocks = math.ceil(max_model_len / page_size) + 1
     if num_blocks < needed_blocks:
         need_mb = math.ceil((needed_blocks * page_size * per_token + fixed) / 2**20)
         raise CachePlanError(

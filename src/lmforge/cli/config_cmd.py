@@ -1,0 +1,28 @@
+"""``lmforge config show DIR``: the resolved configuration and where each value came from."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group("config")
+def config_group() -> None:
+    """Inspect a model folder's configuration."""
+
+
+@config_group.command("show")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def show_command(model_dir: Path) -> None:
+    """Print every key of MODEL_DIR's configuration: value and source (file:line, env var, default)."""
+    from lmforge.config import ConfigError, load_config
+    from lmforge.config.show import render_config
+
+    try:
+        resolved = load_config(model_dir)
+    except ConfigError as exc:
+        click.echo(f"error: invalid configuration:\n{exc}", err=True)
+        sys.exit(2)
+    click.echo(render_config(resolved))

@@ -1,0 +1,1 @@
+"""Models lmforge ships: the tiny example model used by demos and tests."""
