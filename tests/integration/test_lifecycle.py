@@ -78,7 +78,9 @@ def test_invalid_serving_properties_is_a_clear_error(tmp_path: Path) -> None:
 def with_properties(src: Path, dst: Path, **props: str) -> Path:
     """A copy of a model folder with some serving.properties keys replaced (the file beats OPTION_* env)."""
     shutil.copytree(src, dst)
-    lines = [ln for ln in (dst / "serving.properties").read_text().splitlines() if ln.split("=")[0] not in props]
+    lines = [
+        ln for ln in (dst / "serving.properties").read_text().splitlines() if ln.split("=")[0] not in props
+    ]
     lines += [f"{k}={v}" for k, v in props.items()]
     (dst / "serving.properties").write_text("\n".join(lines) + "\n")
     return dst

@@ -50,5 +50,7 @@ def test_budget_too_small_for_one_sequence_names_the_options() -> None:
 
 
 def test_batch_of_one_still_holds_a_full_sequence() -> None:
-    plan = plan_kv_cache(bytes_per_token=1024, max_model_len=1024, max_batch_size=1, available_bytes=8 * 2**30)
+    plan = plan_kv_cache(
+        bytes_per_token=1024, max_model_len=1024, max_batch_size=1, available_bytes=8 * 2**30
+    )
     assert plan.capacity_tokens >= 1024 + plan.page_size

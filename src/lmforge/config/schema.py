@@ -18,7 +18,12 @@ RollingBatch = Literal["auto", "vllm", "trtllm", "lmi-dist", "disable"]
 OutputFormatter = Literal["json", "jsonlines", "sse"]
 
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-_ROLLING_ALIASES = {"lmi_dist": "lmi-dist", "lmidist": "lmi-dist", "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm"}
+_ROLLING_ALIASES = {
+    "lmi_dist": "lmi-dist",
+    "lmidist": "lmi-dist",
+    "tensorrt-llm": "trtllm",
+    "tensorrt_llm": "trtllm",
+}
 
 
 def _key(key: str) -> dict[str, Any]:
@@ -44,7 +49,9 @@ class ServingConfig(BaseModel):
         json_schema_extra=_key("option.model_id"),
     )
     revision: str | None = Field(
-        default=None, description="hub revision (branch, tag or commit)", json_schema_extra=_key("option.revision")
+        default=None,
+        description="hub revision (branch, tag or commit)",
+        json_schema_extra=_key("option.revision"),
     )
     trust_remote_code: bool = Field(
         default=False,
@@ -104,7 +111,7 @@ class ServingConfig(BaseModel):
     )
     entry_point: str | None = Field(
         default=None,
-        description="custom handler: a .py file in the model folder or a module name (model.py is found alone)",
+        description="custom handler: a .py file in the model folder or a module; model.py is found alone",
         json_schema_extra=_key("option.entryPoint"),
     )
     quantize: str | None = Field(
@@ -119,7 +126,9 @@ class ServingConfig(BaseModel):
         default=4, description="adapters in one running batch", json_schema_extra=_key("option.max_loras")
     )
     max_lora_rank: PositiveInt = Field(
-        default=16, description="highest adapter rank accepted", json_schema_extra=_key("option.max_lora_rank")
+        default=16,
+        description="highest adapter rank accepted",
+        json_schema_extra=_key("option.max_lora_rank"),
     )
     rope_scaling: dict[str, Any] | None = Field(
         default=None,
@@ -143,7 +152,7 @@ class ServingConfig(BaseModel):
     )
     kv_cache_memory_mb: PositiveInt | None = Field(
         default=None,
-        description="KV-cache budget of lmi-dist in MiB; unset = batch size x max_model_len, capped by memory",
+        description="KV-cache budget of lmi-dist in MiB; unset = batch size x max_model_len, capped by RAM",
         json_schema_extra=_key("option.kv_cache_memory_mb"),
     )
     default_max_new_tokens: PositiveInt = Field(
@@ -206,11 +215,16 @@ class ServingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _lengths(self) -> ServingConfig:
-        if self.max_model_len is not None and self.max_input_len is not None and self.max_output_len is not None:
+        if (
+            self.max_model_len is not None
+            and self.max_input_len is not None
+            and self.max_output_len is not None
+        ):
             total = self.max_input_len + self.max_output_len
             if total > self.max_model_len:
                 raise ValueError(
-                    f"option.max_input_len ({self.max_input_len}) + option.max_output_len ({self.max_output_len}) "
+                    f"option.max_input_len ({self.max_input_len}) + "
+                    f"option.max_output_len ({self.max_output_len}) "
                     f"= {total} is more than option.max_model_len ({self.max_model_len})"
                 )
         return self

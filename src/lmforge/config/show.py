@@ -86,7 +86,7 @@ def render_reference_markdown() -> str:
         lines.append(f"| `{key}` | {_pretty_type(name)} | `{_value(info.default)}` | {info.description} |")
     lines += [
         "",
-        "Unknown `option.*` keys give a warning (with a \"did you mean\" hint) and are passed to the",
+        'Unknown `option.*` keys give a warning (with a "did you mean" hint) and are passed to the',
         "backend; an invalid value stops the server with a message naming the file and line (or the",
         "environment variable), the key, the value and what was expected.",
         "",

@@ -89,6 +89,13 @@ def _option_env_key(name: str) -> str:
     return "option." + part
 
 
+def _order(source: Source) -> tuple[int, int, str]:
+    """Errors are listed file lines first, in order, then environment variables by name."""
+    if source.kind == "file":
+        return (0, int(source.detail.rsplit(":", 1)[1]), "")
+    return (1, 0, source.detail)
+
+
 def _suggest(key: str, known: list[str]) -> str:
     match = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     return f"; did you mean '{match[0]}'?" if match else ""
@@ -132,7 +139,9 @@ def load_config(model_dir: str | Path | None, env: Mapping[str, str] | None = No
             except PropertiesSyntaxError as exc:
                 raise ConfigError(str(exc)) from None
             for entry in entries:
-                offer(entry.key, entry.value.strip(), Source("file", f"{PROPERTIES_FILE}:{entry.line}"), "file")
+                offer(
+                    entry.key, entry.value.strip(), Source("file", f"{PROPERTIES_FILE}:{entry.line}"), "file"
+                )
 
     # environment
     server_keys = {k for k in keys if not k.startswith("option.")} - {"engine"}
@@ -159,6 +168,7 @@ def load_config(model_dir: str | Path | None, env: Mapping[str, str] | None = No
     data["model_dir"] = folder
     by_field = {keys[c.key]: c for c in candidates.values()}
     config = None
+    located: list[tuple[tuple[int, int, str], str]] = []
     try:
         config = ServingConfig.model_validate(data)
     except ValidationError as exc:
@@ -170,9 +180,10 @@ def load_config(model_dir: str | Path | None, env: Mapping[str, str] | None = No
                 msg = msg[len("Value error, ") :]
             msg = msg[:1].lower() + msg[1:]
             if cand is not None:
-                errors.append(f"{cand.source}: {cand.key} = {cand.value!r}: {msg}")
+                located.append((_order(cand.source), f"{cand.source}: {cand.key} = {cand.value!r}: {msg}"))
             else:
-                errors.append(msg)
+                located.append(((2, 0, ""), msg))
+    errors += [msg for _, msg in sorted(located)]
     if errors:
         raise ConfigError("\n".join(dict.fromkeys(errors)))
     assert config is not None

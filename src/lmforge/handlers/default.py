@@ -90,7 +90,11 @@ class DefaultHandler:
         return out.add_stream_content(self._stream(req, prompt, first, events, media))
 
     async def _collect(
-        self, req: ParsedRequest, prompt: str, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
+        self,
+        req: ParsedRequest,
+        prompt: str,
+        first: GenerationEvent,
+        events: AsyncGenerator[GenerationEvent, None],
     ) -> dict[str, Any]:
         collected = [first]
         async for event in events:

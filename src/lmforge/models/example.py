@@ -87,7 +87,9 @@ def write_example_model(path: str | Path, *, seed: int = 0, overwrite: bool = Fa
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} is not empty; choose an empty folder or pass overwrite=True (--overwrite)")
+        raise FileExistsError(
+            f"{out} is not empty; choose an empty folder or pass overwrite=True (--overwrite)"
+        )
     out.mkdir(parents=True, exist_ok=True)
 
     import torch
