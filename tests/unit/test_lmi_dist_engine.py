@@ -149,3 +149,23 @@ def test_top_n_logprobs(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) 
         best_id, _, best_lp = e.token.top_logprobs[0]
         assert best_id == e.token.id  # greedy picks the most likely token
         assert best_lp == pytest.approx(e.token.log_prob)
+
+
+def test_reused_request_ids_and_early_stops_never_lose_a_request(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Ids reused right after a stop-string finish (whose cancel reaches the loop late) all complete."""
+
+    async def scenario() -> list[list[GenerationEvent]]:
+        first = await collect(engine, "same", SamplingParams(max_new_tokens=40, ignore_eos=True))
+        text = "".join(e.token.text for e in first if e.token)
+        stop = text[5:8]
+        results = []
+        for _ in range(5):
+            results.append(await collect(engine, "same", SamplingParams(max_new_tokens=40, stop=(stop,))))
+            results.append(await collect(engine, "same", SamplingParams(max_new_tokens=8)))
+        return results
+
+    results = loop.run_until_complete(asyncio.wait_for(scenario(), timeout=60))
+    assert [r[-1].finish_reason for r in results] == [FinishReason.STOP_SEQUENCE, FinishReason.LENGTH] * 5
+    assert engine.stats()["running"] == 0

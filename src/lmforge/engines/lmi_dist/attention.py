@@ -9,6 +9,10 @@ with many concurrent requests slow down quadratically.
 keeps the stock path for everything except paged-cache calls, where it attends each request to its
 own keys only (causal with the right offset for chunked prefill). Models with sliding-window layers
 keep the stock path, whose mask encodes the window.
+
+On CUDA the per-request calls exclude PyTorch's cuDNN attention backend: it builds a new execution
+plan for every new key length, i.e. at every decode step (measured on an H100: ~40 ms per step for a
+174 M-parameter model, against a few ms with the flash / memory-efficient kernels).
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
 _INSTALLED = False
+_GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def varlen_sdpa_forward(
@@ -45,6 +51,26 @@ def varlen_sdpa_forward(
     cu_q = kwargs["cu_seq_lens_q"].tolist()
     cu_k = kwargs["cu_seq_lens_k"].tolist()
     gqa = getattr(module, "num_key_value_groups", 1) > 1
+    if query.device.type == "cuda":
+        with sdpa_kernel(_GPU_BACKENDS):
+            out = _per_request(query, key, value, cu_q, cu_k, scaling, gqa)
+    else:
+        out = _per_request(query, key, value, cu_q, cu_k, scaling, gqa)
+    if out.shape[2] < query.shape[2]:  # padded query rows (static shapes): keep the layout
+        pad = query.new_zeros(query.shape[0], query.shape[1], query.shape[2] - out.shape[2], query.shape[3])
+        out = torch.cat([out, pad], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _per_request(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_q: list[int],
+    cu_k: list[int],
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
     outputs = []
     for i in range(len(cu_q) - 1):
         q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
@@ -64,11 +90,7 @@ def varlen_sdpa_forward(
                 enable_gqa=gqa,
             )
         )
-    out = torch.cat(outputs, dim=2)
-    if out.shape[2] < query.shape[2]:  # padded query rows (static shapes): keep the layout
-        pad = query.new_zeros(query.shape[0], query.shape[1], query.shape[2] - out.shape[2], query.shape[3])
-        out = torch.cat([out, pad], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    return torch.cat(outputs, dim=2)
 
 
 def install() -> None:

@@ -46,6 +46,8 @@ class _Live:
     outputs: deque[Any] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     dead_error: str | None = None
+    engine_done: bool = False
+    """The manager delivered its last output for this request (finished or failed)."""
 
     def push(self, output: Any) -> None:
         self.outputs.append(output)
@@ -66,6 +68,7 @@ class LmiDistEngine:
         self._eos_ids: list[int] = []
         self._slots: asyncio.Semaphore | None = None
         self._live: dict[str, _Live] = {}
+        self._submissions = 0
         self._dead: str | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -172,6 +175,10 @@ class LmiDistEngine:
             max_batch_tokens=self.plan.max_batch_tokens,
             return_logprobs=False,
             allow_block_sharing=True,
+            # Our sampler runs Python per row (seeds, stop bookkeeping): no graph capture, no
+            # overlapped (async) batches, no torch.compile of the step.
+            use_cuda_graph=False,
+            use_async_batching=False,
         )
         logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
         attention.install()
@@ -292,6 +299,10 @@ class LmiDistEngine:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
         live = _Live()
         self._live[rid] = live
+        # The manager's id is unique per submission: a late cancel of an earlier request must never
+        # hit a newer one that reuses the caller's id.
+        self._submissions += 1
+        cb_rid = f"{rid}#{self._submissions}"
         self._counters["requests_total"] += 1
         self._counters["waiting"] += 1
         waiting = True
@@ -310,19 +321,19 @@ class LmiDistEngine:
             state = SamplingState(params=params, prompt_ids=prompt_ids)
             key = self._sampler.add(state)
             manager = self._manager
-            manager.register_result_handler(rid, live.push)
+            manager.register_result_handler(cb_rid, live.push)
             eos = -1 if params.ignore_eos or not self._eos_ids else self._eos_ids
             await asyncio.to_thread(
                 manager.add_request,
                 prompt_ids,
-                request_id=rid,
+                request_id=cb_rid,
                 max_new_tokens=params.max_new_tokens,
                 streaming=True,
                 eos_token_id=eos,
                 **{KEY_KWARG: key},
             )
             submitted = True
-            async for event in self._events(rid, live, state, len(prompt_ids)):
+            async for event in self._events(live, state, len(prompt_ids)):
                 if event.finished:
                     finished = True
                 yield event
@@ -334,9 +345,10 @@ class LmiDistEngine:
             if submitted and not finished:
                 self._counters["aborted_total"] += 1
             if submitted and self._manager is not None:
-                self._manager.cancel_request(rid)  # no-op for a finished request
+                if not live.engine_done:  # stopped early (stop string, abort, disconnect)
+                    self._manager.cancel_request(cb_rid)
                 with self._manager.output_router._lock:
-                    self._manager.output_router.result_handlers.pop(rid, None)
+                    self._manager.output_router.result_handlers.pop(cb_rid, None)
             if key >= 0:
                 self._sampler.remove(key)
             self._live.pop(rid, None)
@@ -350,7 +362,7 @@ class LmiDistEngine:
         )
 
     async def _events(
-        self, rid: str, live: _Live, state: SamplingState, prompt_len: int
+        self, live: _Live, state: SamplingState, prompt_len: int
     ) -> AsyncIterator[GenerationEvent]:
         from transformers.generation.continuous_batching.requests import RequestStatus
 
@@ -369,6 +381,7 @@ class LmiDistEngine:
                 await live.wake.wait()
                 continue
             output = live.outputs.popleft()
+            live.engine_done = output.is_finished()
             if output.status == RequestStatus.FAILED:
                 yield GenerationEvent(
                     None,

@@ -42,20 +42,29 @@ class SamplingState:
     _seen: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.params.do_sample and self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
         if self.params.repetition_penalty != 1.0:
             self._seen = torch.tensor(sorted(set(self.prompt_ids)), dtype=torch.long)
 
-    def seen_ids(self) -> torch.Tensor | None:
+    def seen_ids(self, device: torch.device) -> torch.Tensor | None:
+        if self._seen is not None and self._seen.device != device:
+            self._seen = self._seen.to(device)
         return self._seen
+
+    def generator_on(self, device: torch.device) -> torch.Generator | None:
+        """The request's own random generator (seeded requests only), on the device of the logits."""
+        if self.params.seed is None:
+            return None
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device).manual_seed(self.params.seed)
+        return self.generator
 
     def record(self, token_id: int, logprob: float, top: list[tuple[int, float]] | None) -> None:
         self.logprobs.append(logprob)
         if top is not None:
             self.top.append(top)
         if self._seen is not None and not bool((self._seen == token_id).any()):
-            self._seen = torch.cat([self._seen, torch.tensor([token_id], dtype=torch.long)])
+            extra = torch.tensor([token_id], dtype=torch.long, device=self._seen.device)
+            self._seen = torch.cat([self._seen, extra])
 
 
 class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
@@ -111,7 +120,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
     def _pick(row: torch.Tensor, state: SamplingState) -> torch.Tensor:
         p = state.params
         row = row.clone()
-        seen = state.seen_ids()
+        seen = state.seen_ids(row.device)
         if seen is not None:
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
@@ -128,7 +137,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             drop = cum - torch.softmax(sorted_vals, dim=-1) >= p.top_p  # keep the token that crosses top_p
             row = row.scatter(0, sorted_idx, sorted_vals.masked_fill(drop, float("-inf")))
         probs = torch.softmax(row, dim=-1)
-        return torch.multinomial(probs, 1, generator=state.generator)[0]
+        return torch.multinomial(probs, 1, generator=state.generator_on(row.device))[0]
 
 
 def install(manager: Any, sampler: RequestSampler) -> None:
