@@ -148,14 +148,12 @@ class CustomHandler:
 
 
 def _from_foreign_output(result: Any) -> Output:
+    """Copy a real ``djl_python.Output`` (when that package is installed) into ours."""
     out = Output(code=int(result.code), message=str(getattr(result, "message", "")))
-    for key, value in dict(getattr(result, "properties", {}) or {}).items():
+    for key, value in dict(getattr(result, "properties", None) or {}).items():
         out.add_property(str(key), str(value))
     content = result.content
-    values = content.values if hasattr(content, "values") and not isinstance(content, dict) else None
-    items = (
-        values if isinstance(values, list) else (list(content.values()) if isinstance(content, dict) else [])
-    )
-    for item in items:
+    values = content.values() if isinstance(content, dict) else getattr(content, "values", content)
+    for item in values or []:
         out.add(item)
     return out
