@@ -99,6 +99,8 @@ class DefaultHandler:
         collected = [first]
         async for event in events:
             collected.append(event)
+        if not collected[-1].finished:
+            collected.append(self._cut_short(collected[-1]))
         last = collected[-1]
         if last.finish_reason == FinishReason.ERROR:
             raise error_for_status(last.error_status, last.error or "generation failed")
@@ -130,9 +132,10 @@ class DefaultHandler:
                     yield fmt.frame(render(event), media)
                     if event.finished:
                         break
-                    event = await anext(events)
-            except (StopAsyncIteration, GeneratorExit):
-                raise
+                    try:
+                        event = await anext(events)
+                    except StopAsyncIteration:
+                        event = self._cut_short(event)
             except Exception as exc:  # the status line is gone: report in-band, in the stream's framing
                 err: LmforgeError = classify(exc)
                 tail = GenerationEvent(
@@ -146,3 +149,15 @@ class DefaultHandler:
                 yield fmt.frame(render(tail), media)
         if req.chat and media == fmt.SSE:
             yield b"data: [DONE]\n\n"
+
+    @staticmethod
+    def _cut_short(last: GenerationEvent) -> GenerationEvent:
+        """The final event for an engine stream that ended without one (a backend bug, reported as such)."""
+        return GenerationEvent(
+            None,
+            last.prompt_tokens,
+            last.generated_tokens,
+            finish_reason=FinishReason.ERROR,
+            error="the engine ended the stream without a final event",
+            error_status=424,
+        )
