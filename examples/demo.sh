@@ -36,7 +36,7 @@ echo
 
 step "Done. The text is gibberish: the example model has random weights."
 cat <<NEXT
-Next:
+Next (the CLI is .venv/bin/lmforge; 'source .venv/bin/activate' puts it on PATH):
   lmforge serve $DEMO_DIR/model            # serve it yourself on :8080
   lmforge config show $DEMO_DIR/model      # see every setting and where it came from
   Point serving.properties at your own model: option.model_id=/path/to/hf-folder

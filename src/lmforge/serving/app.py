@@ -189,5 +189,6 @@ class App:
         if self.state.phase == Phase.READY:
             stats = self.handler.stats()
         for key, value in sorted(stats.items()):
-            lines += [f"# TYPE lmforge_engine_{key} gauge", f"lmforge_engine_{key} {value:g}"]
+            kind = "counter" if key.endswith("_total") else "gauge"
+            lines += [f"# TYPE lmforge_engine_{key} {kind}", f"lmforge_engine_{key} {value:g}"]
         return "\n".join(lines) + "\n"
