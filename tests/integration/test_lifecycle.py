@@ -175,3 +175,42 @@ def test_custom_model_py_written_for_lmi(tmp_path: Path) -> None:
         assert resp.status_code == 424
         assert "the model refused: no" in resp.json()["message"]
         assert "Traceback" not in resp.text
+
+
+def test_tensor_parallel_2_matches_one_process_and_a_dead_rank_turns_ping_unhealthy(
+    tiny_model: Path, reference: Reference, tmp_path: Path
+) -> None:
+    import psutil
+
+    model = with_properties(tiny_model, tmp_path / "tp", **{"option.tensor_parallel_degree": "2"})
+    with RemoteServer(model) as srv:
+        for prompt in ("def ", "import os\n"):
+            ids, _ = reference.greedy(prompt, 20)
+            out = httpx.post(
+                srv.url + "/invocations",
+                json={"inputs": prompt, "parameters": {"max_new_tokens": 20, "details": True}},
+                timeout=60,
+            ).json()
+            assert [t["id"] for t in out["details"]["tokens"]] == ids
+        params = {
+            "max_new_tokens": 12,
+            "do_sample": True,
+            "temperature": 0.8,
+            "repetition_penalty": 1.2,
+            "seed": 3,
+        }
+        texts = {
+            httpx.post(
+                srv.url + "/invocations", json={"inputs": "def ", "parameters": params}, timeout=60
+            ).json()["generated_text"]
+            for _ in range(2)
+        }
+        assert len(texts) == 1  # both ranks drew the same tokens, twice
+        assert srv.proc is not None
+        followers = psutil.Process(srv.proc.pid).children()
+        assert len(followers) == 1
+        followers[0].kill()
+        srv.wait_for_ping(503, 30)
+        resp = httpx.post(srv.url + "/invocations", json={"inputs": "def "}, timeout=30)
+        assert resp.status_code == 503
+        assert "engine is dead" in resp.json()["message"]

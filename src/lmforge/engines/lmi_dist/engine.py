@@ -10,27 +10,31 @@ What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.1
 * incremental detokenization and stop sequences (:mod:`lmforge.engines.text`);
 * per-request attention instead of one dense attention over all histories (:mod:`.attention`);
 * a final event for cancelled requests (the manager sends none) and a supervisor that ends every
-  in-flight stream with an error and reports unhealthy if the generation thread dies.
+  in-flight stream with an error and reports unhealthy if the generation thread or a rank dies;
+* tensor parallelism with one process per rank (:mod:`.distributed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
+import random
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, LmforgeError, NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
-    from lmforge.engines.lmi_dist.sampler import RequestSampler, SamplingState
+    from lmforge.engines.lmi_dist.distributed import FollowerGroup
+    from lmforge.engines.lmi_dist.sampler import Record, RequestSampler
     from lmforge.engines.lmi_dist.sizing import KvCachePlan
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
@@ -54,6 +58,136 @@ class _Live:
         self.wake.set()
 
 
+@dataclass
+class Built:
+    tokenizer: Any
+    model: Any
+    manager: Any
+    sampler: RequestSampler
+    plan: KvCachePlan
+    max_model_len: int
+    eos_ids: list[int]
+
+
+def build(cfg: ServingConfig) -> Built:
+    """Load tokenizer and model, size the KV cache and start the continuous-batching loop.
+
+    Runs on every tensor-parallel rank (``RANK``/``WORLD_SIZE`` in the environment), which must all
+    make the same calls in the same order: the cache sizing and the loop talk to each other.
+    """
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        ContinuousBatchingConfig,
+        DistributedConfig,
+        GenerationConfig,
+    )
+    from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
+
+    from lmforge.engines.lmi_dist import attention
+    from lmforge.engines.lmi_dist import sampler as sampler_mod
+    from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
+    from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
+
+    world = tensor_parallel_size(cfg)
+    if cfg.pipeline_parallel_degree != 1:
+        raise LmforgeError(
+            f"lmi-dist supports tensor parallelism only: option.pipeline_parallel_degree="
+            f"{cfg.pipeline_parallel_degree} must be 1"
+        )
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    path = cfg.model_path
+    if path is None:
+        raise LmforgeError(
+            f"option.model_id={cfg.model_id!r} is not a local folder; lmi-dist loads local models only "
+            "(download it first, or point option.model_id at the folder)"
+        )
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if cfg.revision:
+        kwargs["revision"] = cfg.revision
+    tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+    if world > 1:
+        kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs)
+    if world == 1 and torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+
+    text_cfg = model.config.get_text_config()
+    model_max = int(getattr(text_cfg, "max_position_embeddings", 0) or 0) or 2048
+    max_model_len = min(cfg.max_model_len or model_max, model_max)
+    if cfg.max_model_len and cfg.max_model_len > model_max:
+        log.warning(
+            "option.max_model_len=%d exceeds the model's max_position_embeddings=%d; using %d",
+            cfg.max_model_len,
+            model_max,
+            model_max,
+        )
+    heads = text_cfg.num_attention_heads
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
+    kv_heads = getattr(text_cfg, "num_key_value_heads", None) or heads
+    plan = plan_kv_cache(
+        bytes_per_token=kv_bytes_per_token(
+            num_layers=text_cfg.num_hidden_layers,
+            num_kv_heads=max(1, kv_heads // world),
+            head_dim=head_dim,
+            dtype_bytes=torch.finfo(model.dtype).bits // 8,
+        ),
+        max_model_len=max_model_len,
+        max_batch_size=cfg.max_rolling_batch_size,
+        prefill_tokens=cfg.max_rolling_batch_prefill_tokens,
+        memory_budget_bytes=cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb else None,
+    )
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    gen_config = GenerationConfig(
+        do_sample=False,
+        eos_token_id=eos_ids or None,
+        pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=cfg.default_max_new_tokens,
+    )
+    cb_config = ContinuousBatchingConfig(
+        page_size=plan.page_size,
+        num_blocks=plan.num_blocks,
+        max_batch_tokens=plan.max_batch_tokens,
+        return_logprobs=False,
+        allow_block_sharing=True,
+        # Our sampler runs Python per row: no graph capture, no overlapped (async) batches.
+        use_cuda_graph=False,
+        use_async_batching=False,
+    )
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+    attention.install()
+    manager = model.init_continuous_batching(
+        generation_config=gen_config, continuous_batching_config=cb_config
+    )
+    sampler = sampler_mod.RequestSampler()
+    sampler_mod.install(manager, sampler)
+    manager.warmup()  # builds the cache now, so its real capacity is known before serving
+    capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
+    if capacity < max_model_len:
+        log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
+        max_model_len = capacity
+    manager.start()
+    log.info(
+        "lmi-dist ready: %s, dtype=%s, tensor parallel %d, max_model_len=%d, KV cache %d blocks x %d tokens "
+        "(%.1f MiB), prefill chunk %d tokens",
+        path,
+        model.dtype,
+        world,
+        max_model_len,
+        plan.num_blocks,
+        plan.page_size,
+        plan.total_bytes / 2**20,
+        plan.max_batch_tokens,
+    )
+    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids)
+
+
 class LmiDistEngine:
     name = "lmi-dist"
 
@@ -69,6 +203,7 @@ class LmiDistEngine:
         self._slots: asyncio.Semaphore | None = None
         self._live: dict[str, _Live] = {}
         self._submissions = 0
+        self._followers: FollowerGroup | None = None
         self._dead: str | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
@@ -93,118 +228,25 @@ class LmiDistEngine:
         self._supervisor = asyncio.create_task(self._supervise(), name="lmi-dist-supervisor")
 
     def _load(self) -> None:
-        import torch
-        from transformers import (
-            AutoModelForCausalLM,
-            AutoTokenizer,
-            ContinuousBatchingConfig,
-            GenerationConfig,
-        )
-        from transformers.generation.continuous_batching.model_runner import (
-            infer_max_single_request_tokens,
-        )
+        from lmforge.engines.lmi_dist.distributed import FollowerGroup, tensor_parallel_size
 
-        from lmforge.engines.lmi_dist import attention
-        from lmforge.engines.lmi_dist import sampler as sampler_mod
-        from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
-
-        cfg = self.config
-        if cfg.tensor_parallel_degree not in (1, "max") or cfg.pipeline_parallel_degree != 1:
-            raise LmforgeError(
-                "lmi-dist runs on one device in this release: option.tensor_parallel_degree="
-                f"{cfg.tensor_parallel_degree} and option.pipeline_parallel_degree="
-                f"{cfg.pipeline_parallel_degree} must both be 1"
-            )
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        path = cfg.model_path
-        if path is None:
-            raise LmforgeError(
-                f"option.model_id={cfg.model_id!r} is not a local folder; lmi-dist loads local models only "
-                "(download it first, or point option.model_id at the folder)"
-            )
-        kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
-        if cfg.revision:
-            kwargs["revision"] = cfg.revision
-        self._tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
-        dtype = _DTYPES.get(cfg.dtype, "auto")
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
-        if torch.cuda.is_available():
-            model = model.to("cuda")
-        model.eval()
-        self._model = model
-
-        text_cfg = model.config.get_text_config()
-        model_max = int(getattr(text_cfg, "max_position_embeddings", 0) or 0) or 2048
-        self.max_model_len = min(cfg.max_model_len or model_max, model_max)
-        if cfg.max_model_len and cfg.max_model_len > model_max:
-            log.warning(
-                "option.max_model_len=%d exceeds the model's max_position_embeddings=%d; using %d",
-                cfg.max_model_len,
-                model_max,
-                model_max,
-            )
-        heads = text_cfg.num_attention_heads
-        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
-        per_token = kv_bytes_per_token(
-            num_layers=text_cfg.num_hidden_layers,
-            num_kv_heads=getattr(text_cfg, "num_key_value_heads", None) or heads,
-            head_dim=head_dim,
-            dtype_bytes=torch.finfo(model.dtype).bits // 8,
-        )
-        self.plan = plan_kv_cache(
-            bytes_per_token=per_token,
-            max_model_len=self.max_model_len,
-            max_batch_size=cfg.max_rolling_batch_size,
-            prefill_tokens=cfg.max_rolling_batch_prefill_tokens,
-            memory_budget_bytes=cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb else None,
-        )
-        eos = model.generation_config.eos_token_id
-        if eos is None:
-            eos = self._tokenizer.eos_token_id
-        self._eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        gen_config = GenerationConfig(
-            do_sample=False,
-            eos_token_id=self._eos_ids or None,
-            pad_token_id=self._tokenizer.pad_token_id,
-            max_new_tokens=cfg.default_max_new_tokens,
-        )
-        cb_config = ContinuousBatchingConfig(
-            page_size=self.plan.page_size,
-            num_blocks=self.plan.num_blocks,
-            max_batch_tokens=self.plan.max_batch_tokens,
-            return_logprobs=False,
-            allow_block_sharing=True,
-            # Our sampler runs Python per row (seeds, stop bookkeeping): no graph capture, no
-            # overlapped (async) batches, no torch.compile of the step.
-            use_cuda_graph=False,
-            use_async_batching=False,
-        )
-        logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
-        attention.install()
-        manager = model.init_continuous_batching(
-            generation_config=gen_config, continuous_batching_config=cb_config
-        )
-        self._sampler = sampler_mod.RequestSampler()
-        sampler_mod.install(manager, self._sampler)
-        manager.warmup()  # builds the cache now, so its real capacity is known before serving
-        capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
-        if capacity < self.max_model_len:
-            log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
-            self.max_model_len = capacity
-        manager.start()
-        self._manager = manager
-        log.info(
-            "lmi-dist ready: %s, dtype=%s, max_model_len=%d, KV cache %d blocks x %d tokens (%.1f MiB), "
-            "prefill chunk %d tokens",
-            path,
-            model.dtype,
-            self.max_model_len,
-            self.plan.num_blocks,
-            self.plan.page_size,
-            self.plan.total_bytes / 2**20,
-            self.plan.max_batch_tokens,
-        )
+        world = tensor_parallel_size(self.config)
+        if world > 1:
+            self._followers = FollowerGroup(self.config, world)
+        try:
+            built = build(self.config)
+        except BaseException:
+            if self._followers is not None:
+                for proc in self._followers.procs:
+                    proc.kill()
+            raise
+        self._tokenizer = built.tokenizer
+        self._model = built.model
+        self._manager = built.manager
+        self._sampler = built.sampler
+        self.plan = built.plan
+        self.max_model_len = built.max_model_len
+        self._eos_ids = built.eos_ids
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -216,6 +258,8 @@ class LmiDistEngine:
         if self._manager is not None:
             manager, self._manager = self._manager, None
             await asyncio.to_thread(manager.stop, block=True, timeout=10)
+        if self._followers is not None:
+            await asyncio.to_thread(self._followers.stop)
 
     # ------------------------------------------------------------------ health
 
@@ -229,6 +273,9 @@ class LmiDistEngine:
         manager = self._manager
         if manager is None:
             return None
+        # A dead rank also breaks the loop's collectives; name the rank, the cause, first.
+        if self._followers is not None and (failure := self._followers.failure()) is not None:
+            return failure
         fatal = manager.background_thread_status.fatal_error
         if fatal is not None:
             return f"{type(fatal).__name__}: {fatal}"
@@ -289,9 +336,12 @@ class LmiDistEngine:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.check_health()
         assert self._slots is not None and self._sampler is not None
-        from lmforge.engines.lmi_dist.sampler import KEY_KWARG, SamplingState
+        from lmforge.engines.lmi_dist.sampler import request_kwargs
 
         params = request.params
+        if params.do_sample and params.seed is None:
+            # every sampled request gets its own seed: reproducible draws, equal on all TP ranks
+            params = dataclasses.replace(params, seed=random.getrandbits(62))
         prompt_ids = self._tokenize(request)
         self._validate(len(prompt_ids), params.max_new_tokens)
         rid = request.request_id
@@ -318,8 +368,7 @@ class LmiDistEngine:
                 yield self._terminal(live.dead_error, len(prompt_ids), 0)
                 return
             self.check_health()
-            state = SamplingState(params=params, prompt_ids=prompt_ids)
-            key = self._sampler.add(state)
+            key, record = self._sampler.register()
             manager = self._manager
             manager.register_result_handler(cb_rid, live.push)
             eos = -1 if params.ignore_eos or not self._eos_ids else self._eos_ids
@@ -330,10 +379,10 @@ class LmiDistEngine:
                 max_new_tokens=params.max_new_tokens,
                 streaming=True,
                 eos_token_id=eos,
-                **{KEY_KWARG: key},
+                **request_kwargs(key, params),
             )
             submitted = True
-            async for event in self._events(live, state, len(prompt_ids)):
+            async for event in self._events(live, params, record, len(prompt_ids)):
                 if event.finished:
                     finished = True
                 yield event
@@ -362,11 +411,10 @@ class LmiDistEngine:
         )
 
     async def _events(
-        self, live: _Live, state: SamplingState, prompt_len: int
+        self, live: _Live, params: SamplingParams, record: Record, prompt_len: int
     ) -> AsyncIterator[GenerationEvent]:
         from transformers.generation.continuous_batching.requests import RequestStatus
 
-        params = state.params
         detok = IncrementalDetokenizer(self._tokenizer)
         stops = StopMatcher(params.stop)
         seen = 0
@@ -403,9 +451,9 @@ class LmiDistEngine:
                 token = Token(
                     id=tid,
                     text="",
-                    log_prob=state.logprobs[idx] if idx < len(state.logprobs) else math.nan,
+                    log_prob=record.logprobs[idx] if idx < len(record.logprobs) else math.nan,
                     special=special,
-                    top_logprobs=self._top(state, idx),
+                    top_logprobs=self._top(params, record, idx),
                 )
                 ready.extend(stops.push(token, detok.step(tid)))
                 if stops.stopped:
@@ -432,12 +480,12 @@ class LmiDistEngine:
                 token.text = text
                 yield GenerationEvent(token, prompt_len, seen)
 
-    def _finish_reason(self, generated: list[int], params: Any) -> FinishReason:
+    def _finish_reason(self, generated: list[int], params: SamplingParams) -> FinishReason:
         if generated and generated[-1] in self._eos_ids and not params.ignore_eos:
             return FinishReason.EOS
         return FinishReason.LENGTH
 
-    def _top(self, state: SamplingState, idx: int) -> list[tuple[int, str, float]] | None:
-        if state.params.top_n_logprobs <= 0 or idx >= len(state.top):
+    def _top(self, params: SamplingParams, record: Record, idx: int) -> list[tuple[int, str, float]] | None:
+        if params.top_n_logprobs <= 0 or idx >= len(record.top):
             return None
-        return [(tid, self._tokenizer.decode([tid]), lp) for tid, lp in state.top[idx]]
+        return [(tid, self._tokenizer.decode([tid]), lp) for tid, lp in record.top[idx]]

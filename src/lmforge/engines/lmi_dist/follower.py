@@ -1,0 +1,31 @@
+"""A follower rank of a tensor-parallel LMI-Dist engine (started by :class:`.distributed.FollowerGroup`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def main() -> int:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
+    from lmforge.engines.lmi_dist.engine import build
+
+    logging.basicConfig(
+        level=logging.WARNING, format=f"rank {os.environ.get('RANK')} %(levelname)s %(message)s"
+    )
+    config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
+    parent = os.getppid()
+    built = build(config)
+    thread = built.manager._generation_thread
+    while thread is not None and thread.is_alive():
+        thread.join(1.0)
+        if os.getppid() != parent:  # rank 0 is gone: nothing left to follow
+            os._exit(1)
+    fatal = built.manager.background_thread_status.fatal_error
+    return 1 if fatal is not None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
