@@ -169,3 +169,38 @@ def test_reused_request_ids_and_early_stops_never_lose_a_request(
     results = loop.run_until_complete(asyncio.wait_for(scenario(), timeout=60))
     assert [r[-1].finish_reason for r in results] == [FinishReason.STOP_SEQUENCE, FinishReason.LENGTH] * 5
     assert engine.stats()["running"] == 0
+
+
+def test_per_request_attention_path_matches_generate(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Force one attention call per request (as for long prompts) and compare with generate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmforge.engines.lmi_dist import attention
+
+    monkeypatch.setattr(attention, "WASTE_PER_CALL", -1)
+    prompts = [
+        "def alpha(x):\n    return x * 2\n" * 6,
+        "import os\nimport sys\n" * 9,
+        "class A:\n    pass\n" * 4,
+    ]
+    model = AutoModelForCausalLM.from_pretrained(engine.config.model_dir, dtype="float32").eval()
+    tok = engine.tokenizer
+
+    async def run_all() -> list[list[int]]:
+        async def one(i: int, p: str) -> list[int]:
+            events = await collect(
+                engine, f"pr{i}", SamplingParams(max_new_tokens=12, ignore_eos=True), prompt=p
+            )
+            return [e.token.id for e in events if e.token]
+
+        return list(await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)]))
+
+    results = loop.run_until_complete(run_all())
+    for prompt, got in zip(prompts, results, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert got == ref[0, ids.shape[1] :].tolist()

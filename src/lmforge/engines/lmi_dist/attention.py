@@ -7,7 +7,8 @@ with many concurrent requests slow down quadratically.
 
 :func:`install` registers, under the ``sdpa`` name that continuous batching uses, a function that
 keeps the stock path for everything except paged-cache calls, where it attends each request to its
-own keys only (causal with the right offset for chunked prefill). Models with sliding-window layers
+own keys only (causal with the right offset for chunked prefill), unless the dense call wastes
+little (few, short requests), where one call is cheaper than many. Models with sliding-window layers
 keep the stock path, whose mask encodes the window.
 
 On CUDA the per-request calls exclude PyTorch's cuDNN attention backend: it builds a new execution
@@ -17,6 +18,7 @@ plan for every new key length, i.e. at every decode step (measured on an H100: ~
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -51,15 +53,31 @@ def varlen_sdpa_forward(
     cu_q = kwargs["cu_seq_lens_q"].tolist()
     cu_k = kwargs["cu_seq_lens_k"].tolist()
     gqa = getattr(module, "num_key_value_groups", 1) > 1
-    if query.device.type == "cuda":
-        with sdpa_kernel(_GPU_BACKENDS):
+    backends = sdpa_kernel(_GPU_BACKENDS) if query.device.type == "cuda" else contextlib.nullcontext()
+    with backends:
+        if attention_mask is not None and not _per_request_pays(cu_q, cu_k):
+            out = F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=gqa
+            )
+        else:
             out = _per_request(query, key, value, cu_q, cu_k, scaling, gqa)
-    else:
-        out = _per_request(query, key, value, cu_q, cu_k, scaling, gqa)
     if out.shape[2] < query.shape[2]:  # padded query rows (static shapes): keep the layout
         pad = query.new_zeros(query.shape[0], query.shape[1], query.shape[2] - out.shape[2], query.shape[3])
         out = torch.cat([out, pad], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+#: Query-key products the dense path may waste per request before one call per request is cheaper
+#: (each call costs some fixed overhead; measured on CPU with bench/lmi_dist_attention.py).
+WASTE_PER_CALL = 4096
+
+
+def _per_request_pays(cu_q: list[int], cu_k: list[int]) -> bool:
+    """Whether per-request calls beat one dense call, which also computes every cross-request product."""
+    n = len(cu_q) - 1
+    needed = sum((cu_q[i + 1] - cu_q[i]) * (cu_k[i + 1] - cu_k[i]) for i in range(n))
+    dense = cu_q[-1] * cu_k[-1]
+    return dense - needed > n * WASTE_PER_CALL
 
 
 def _per_request(

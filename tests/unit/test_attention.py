@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import torch
+
+from lmforge.engines.lmi_dist.attention import _per_request, _per_request_pays
+
+
+def dense_reference(q, k, v, cu_q, cu_k, groups):  # type: ignore[no-untyped-def]
+    """Block-diagonal causal mask over the packed batch: what transformers' CB computes densely."""
+    mask = torch.zeros(q.shape[2], k.shape[2], dtype=torch.bool)
+    for i in range(len(cu_q) - 1):
+        ql, kl = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+        mask[cu_q[i] : cu_q[i + 1], cu_k[i] : cu_k[i + 1]] = torch.ones(ql, kl, dtype=torch.bool).tril(
+            kl - ql
+        )
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=groups > 1)
+
+
+def test_per_request_equals_dense_block_diagonal_attention() -> None:
+    torch.manual_seed(0)
+    # a decode row, a first prefill, a later chunk of a chunked prefill, another decode row
+    q_lens, k_lens = [1, 7, 5, 1], [9, 7, 20, 3]
+    cu_q = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    q = torch.randn(1, 4, cu_q[-1], 16)
+    k = torch.randn(1, 2, cu_k[-1], 16)
+    v = torch.randn(1, 2, cu_k[-1], 16)
+    ours = _per_request(q, k, v, cu_q, cu_k, None, True)
+    ref = dense_reference(q, k, v, cu_q, cu_k, groups=2)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_is_kept_when_it_wastes_little() -> None:
+    assert not _per_request_pays([0, 1, 2], [0, 10, 20])  # two short decode rows
+    assert _per_request_pays([0, *range(1, 33)], [0, *range(500, 500 * 33, 500)])  # 32 rows x 500 keys
