@@ -41,6 +41,7 @@ demo: install
 
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/serving_throughput.py
+	$(BIN)/python bench/report.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
