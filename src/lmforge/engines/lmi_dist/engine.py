@@ -421,7 +421,8 @@ class LmiDistEngine:
         while True:
             if not live.outputs:
                 if live.dead_error is not None:
-                    for token, _ in stops.flush():
+                    for token, text in stops.flush():
+                        token.text = text
                         yield GenerationEvent(token, prompt_len, seen)
                     yield self._terminal(live.dead_error, prompt_len, seen)
                     return
