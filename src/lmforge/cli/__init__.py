@@ -16,11 +16,13 @@ def main() -> None:
 def _register() -> None:
     from lmforge.cli.config_cmd import config_group
     from lmforge.cli.example_cmd import example_model_command
+    from lmforge.cli.package_cmd import package_command
     from lmforge.cli.serve_cmd import serve_command
 
     main.add_command(serve_command)
     main.add_command(example_model_command)
     main.add_command(config_group)
+    main.add_command(package_command)
 
 
 _register()
