@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -16,7 +15,11 @@ def config_group() -> None:
 @config_group.command("show")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 def show_command(model_dir: Path) -> None:
-    """Print every key of MODEL_DIR's configuration: value and source (file:line, env var, default)."""
+    """Print every key of MODEL_DIR's configuration with its value and source.
+
+    The source is the serving.properties line, the environment variable, or "default". Warnings go
+    to stderr; an invalid configuration prints every problem to stderr and exits with status 2.
+    """
     from lmforge.config import ConfigError, load_config
     from lmforge.config.show import render_config
 
@@ -24,5 +27,7 @@ def show_command(model_dir: Path) -> None:
         resolved = load_config(model_dir)
     except ConfigError as exc:
         click.echo(f"error: invalid configuration:\n{exc}", err=True)
-        sys.exit(2)
-    click.echo(render_config(resolved))
+        raise SystemExit(2) from None
+    for warning in resolved.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(render_config(resolved, include_warnings=False), nl=False)

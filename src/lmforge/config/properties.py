@@ -4,6 +4,7 @@ Syntax: ``key=value``, ``key = value``, ``key: value`` and ``key value``; ``#`` 
 lines; a line ending in an odd number of backslashes continues on the next line (whose leading
 whitespace is dropped); escapes ``\\t \\n \\r \\f \\uXXXX``, and a backslash before any other
 character stands for that character (so ``\\=``, ``\\:``, ``\\ `` and ``\\#`` put those in keys).
+A UTF-8 byte-order mark at the start is ignored. Duplicate keys are all returned, in file order.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 
 
 class PropertiesSyntaxError(ValueError):
-    pass
+    """A malformed ``\\uXXXX`` escape; the message starts with ``file:line:``."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class PropertyEntry:
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    natural = re.split(r"\r\n|\r|\n", text)
+    parts = re.split(r"(\r\n|\r|\n)", text)
+    natural, ends = parts[0::2], [*parts[1::2], ""]
     out: list[tuple[int, str]] = []
     i = 0
     while i < len(natural):
@@ -36,6 +38,13 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
         line = natural[i].lstrip(_WS)
         i += 1
         if not line or line[0] in "#!":
+            continue
+        if line == "\\":
+            # A lone backslash continues an empty line: like Java, start over on the next line, where
+            # blank lines are skipped and '#'/'!' still begin a comment. (When the text ends right
+            # after it, or after one \n or \r but not \r\n, Java reads the key "" with the value "".)
+            if i == len(natural) or (i == len(natural) - 1 and natural[i] == "" and ends[i - 1] != "\r\n"):
+                out.append((start + 1, ""))
             continue
         while _continues(line) and i < len(natural):
             line = line[:-1] + natural[i].lstrip(_WS)
@@ -98,7 +107,7 @@ def _split(line: str) -> tuple[str, str]:
 def parse_properties(text: str, filename: str = "serving.properties") -> list[PropertyEntry]:
     """Parse properties text into entries in file order (duplicates kept; later ones win when merged)."""
     entries = []
-    for lineno, line in _logical_lines(text):
+    for lineno, line in _logical_lines(text.removeprefix("\ufeff")):
         raw_key, raw_value = _split(line)
         key = _unescape(raw_key, filename, lineno)
         value = _unescape(raw_value, filename, lineno)

@@ -1,36 +1,111 @@
 """``ServingConfig``: every key lmforge reads from ``serving.properties`` and LMI's environment.
 
-This model is the single source of truth: each field carries its properties key (``key``), type,
-default and a one-line description; the docs table (docs/configuration.md), ``lmforge config show``
-and the "did you mean" hints are all generated from it.
+This model is the single source of truth: each field carries its properties key (``key`` in
+``json_schema_extra``), type, default and a one-line description. The docs table
+(docs/configuration.md), ``lmforge config show``, the "did you mean" hints and the "expected ..."
+part of error messages are all generated from it.
+
+Values usually arrive as strings and are parsed strictly (as Java's ``Integer.parseInt`` would):
+integers are plain decimal digits, booleans are ``true/false/1/0/yes/no`` (any case), and an empty
+value of an optional key means "unset".
 """
 
 from __future__ import annotations
 
 import json
+import re
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import annotated_types
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 DType = Literal["auto", "fp32", "fp16", "bf16"]
 RollingBatch = Literal["auto", "vllm", "trtllm", "lmi-dist", "disable"]
 OutputFormatter = Literal["json", "jsonlines", "sse"]
+Engine = Literal["Python", "MPI"]
 
-_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
-_ROLLING_ALIASES = {
-    "lmi_dist": "lmi-dist",
-    "lmidist": "lmi-dist",
-    "tensorrt-llm": "trtllm",
-    "tensorrt_llm": "trtllm",
+#: Accepted spellings (lower-cased) -> canonical value, per field. Shown in error messages.
+ALIASES: dict[str, dict[str, str]] = {
+    "dtype": {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"},
+    "rolling_batch": {"lmi_dist": "lmi-dist"},
 }
+
+_INT = re.compile(r"[+-]?[0-9]+")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+def _type_error(what: str) -> PydanticCustomError:
+    # The loader replaces this text with the field's full expectation ("expected an integer >= 1").
+    return PydanticCustomError("lmforge_type", "expected {what}", {"what": what})
+
+
+def _parse_int(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise _type_error("an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INT.fullmatch(value.strip()):
+        return int(value.strip())
+    raise _type_error("an integer")
+
+
+def _parse_float(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise _type_error("a number")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value.strip())
+    raise _type_error("a number")
+
+
+def _parse_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise _type_error("a boolean")
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "array" if isinstance(value, list) else "string"
+
+
+PositiveInt = Annotated[int, BeforeValidator(_parse_int), Field(ge=1)]
+Bool = Annotated[bool, BeforeValidator(_parse_bool)]
+Fraction = Annotated[float, BeforeValidator(_parse_float), Field(gt=0.0, le=1.0)]
 
 
 def _key(key: str) -> dict[str, Any]:
     return {"key": key}
-
-
-PositiveInt = Annotated[int, Field(ge=1)]
 
 
 class ServingConfig(BaseModel):
@@ -38,29 +113,32 @@ class ServingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
-    engine: Literal["Python", "MPI"] | None = Field(
+    engine: Engine | None = Field(
         default=None,
-        description="LMI engine name: Python (one process) or MPI (one process per GPU); None = inferred",
+        description="LMI engine name: Python (one process) or MPI (one process per device, for "
+        "tensor parallelism); unset = inferred",
         json_schema_extra=_key("engine"),
     )
     model_id: str | None = Field(
         default=None,
-        description="Hugging Face hub id, s3:// prefix or local folder; unset = the model folder itself",
+        description="Hugging Face hub id, s3:// prefix or local folder (relative to the model folder); "
+        "unset = the model folder itself",
         json_schema_extra=_key("option.model_id"),
     )
     revision: str | None = Field(
         default=None,
-        description="hub revision (branch, tag or commit)",
+        description="hub revision of option.model_id (branch, tag or commit)",
         json_schema_extra=_key("option.revision"),
     )
-    trust_remote_code: bool = Field(
+    trust_remote_code: Bool = Field(
         default=False,
         description="allow the model's own Python code (modeling files) to run",
         json_schema_extra=_key("option.trust_remote_code"),
     )
     dtype: DType = Field(
         default="auto",
-        description="weights and activations type: auto (the checkpoint's), fp32, fp16 or bf16",
+        description="weights and activations type: auto (the checkpoint's), fp32, fp16 or bf16; "
+        "float32, float16, half and bfloat16 are accepted too",
         json_schema_extra=_key("option.dtype"),
     )
     tensor_parallel_degree: PositiveInt | Literal["max"] = Field(
@@ -69,34 +147,39 @@ class ServingConfig(BaseModel):
         json_schema_extra=_key("option.tensor_parallel_degree"),
     )
     pipeline_parallel_degree: PositiveInt = Field(
-        default=1, description="pipeline stages", json_schema_extra=_key("option.pipeline_parallel_degree")
+        default=1,
+        description="pipeline stages one model copy is split into",
+        json_schema_extra=_key("option.pipeline_parallel_degree"),
     )
     rolling_batch: RollingBatch = Field(
         default="auto",
-        description="backend: auto (best installed), vllm, trtllm, lmi-dist, or disable (custom handler)",
+        description="backend: auto (best installed), vllm, trtllm, lmi-dist (or lmi_dist), "
+        "or disable (custom handler)",
         json_schema_extra=_key("option.rolling_batch"),
     )
     max_rolling_batch_size: PositiveInt = Field(
         default=32,
-        description="sequences decoded together in the running batch; more requests wait",
+        description="most sequences decoded together in the running batch; more requests wait",
         json_schema_extra=_key("option.max_rolling_batch_size"),
     )
     max_rolling_batch_prefill_tokens: PositiveInt | None = Field(
         default=None,
-        description="tokens per engine step (prefill chunk size); unset = engine default",
+        description="most tokens per engine step (prefill chunk size); unset = the engine decides",
         json_schema_extra=_key("option.max_rolling_batch_prefill_tokens"),
     )
     max_input_len: PositiveInt | None = Field(
-        default=None, description="longest prompt in tokens", json_schema_extra=_key("option.max_input_len")
+        default=None,
+        description="longest prompt in tokens; unset = limited by option.max_model_len only",
+        json_schema_extra=_key("option.max_input_len"),
     )
     max_output_len: PositiveInt | None = Field(
         default=None,
-        description="most new tokens one request may ask for",
+        description="most new tokens one request may ask for; unset = limited by option.max_model_len only",
         json_schema_extra=_key("option.max_output_len"),
     )
     max_model_len: PositiveInt | None = Field(
         default=None,
-        description="longest prompt + output in tokens; unset = the model's max_position_embeddings",
+        description="longest prompt + output in tokens; unset = from the model's config",
         json_schema_extra=_key("option.max_model_len"),
     )
     model_loading_timeout: PositiveInt = Field(
@@ -106,53 +189,61 @@ class ServingConfig(BaseModel):
     )
     output_formatter: OutputFormatter | None = Field(
         default=None,
-        description="response format: json, jsonlines or sse; unset = json, or jsonlines when stream=true",
+        description="response format: json, jsonlines or sse; unset = json, or jsonlines when the "
+        "request has stream=true",
         json_schema_extra=_key("option.output_formatter"),
     )
     entry_point: str | None = Field(
         default=None,
-        description="custom handler: a .py file in the model folder or a module; model.py is found alone",
+        description="custom handler: a .py file in the model folder or a dotted module name; "
+        "unset = model.py when present, else the built-in handler",
         json_schema_extra=_key("option.entryPoint"),
     )
     quantize: str | None = Field(
         default=None,
-        description="quantization method for backends that support one (awq, gptq, fp8, ...)",
+        description="quantization method, for backends that support one (awq, gptq, fp8, ...)",
         json_schema_extra=_key("option.quantize"),
     )
-    enable_lora: bool = Field(
-        default=False, description="serve LoRA adapters", json_schema_extra=_key("option.enable_lora")
+    enable_lora: Bool = Field(
+        default=False,
+        description="serve LoRA adapters",
+        json_schema_extra=_key("option.enable_lora"),
     )
     max_loras: PositiveInt = Field(
-        default=4, description="adapters in one running batch", json_schema_extra=_key("option.max_loras")
+        default=4,
+        description="most distinct LoRA adapters in one running batch",
+        json_schema_extra=_key("option.max_loras"),
     )
     max_lora_rank: PositiveInt = Field(
         default=16,
-        description="highest adapter rank accepted",
+        description="highest LoRA adapter rank accepted",
         json_schema_extra=_key("option.max_lora_rank"),
     )
     rope_scaling: dict[str, Any] | None = Field(
         default=None,
-        description='RoPE scaling as a JSON object, e.g. {"rope_type":"linear","factor":2.0}',
+        description='RoPE scaling as a JSON object, e.g. {"rope_type":"linear","factor":2.0}; '
+        "unset = the model's config",
         json_schema_extra=_key("option.rope_scaling"),
     )
-    enforce_eager: bool = Field(
+    enforce_eager: Bool = Field(
         default=False,
         description="disable CUDA graphs (vLLM); no effect on CPU",
         json_schema_extra=_key("option.enforce_eager"),
     )
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+    gpu_memory_utilization: Fraction = Field(
         default=0.9,
         description="share of GPU memory a GPU backend may use",
         json_schema_extra=_key("option.gpu_memory_utilization"),
     )
     num_threads: PositiveInt | None = Field(
         default=None,
-        description="torch intra-op threads for CPU engines; unset = all cores but one",
+        description="torch intra-op threads for CPU engines; unset = the engine's default",
         json_schema_extra=_key("option.num_threads"),
     )
     kv_cache_memory_mb: PositiveInt | None = Field(
         default=None,
-        description="KV-cache budget of lmi-dist in MiB; unset = batch size x max_model_len, capped by RAM",
+        description="KV-cache budget of the LMI-Dist engine in MiB; unset = sized from "
+        "option.max_rolling_batch_size x option.max_model_len",
         json_schema_extra=_key("option.kv_cache_memory_mb"),
     )
     default_max_new_tokens: PositiveInt = Field(
@@ -166,39 +257,36 @@ class ServingConfig(BaseModel):
         json_schema_extra=_key("job_queue_size"),
     )
     max_request_size: PositiveInt = Field(
-        default=6 * 2**20,
-        description="largest request body in bytes; larger ones get 413 (SageMaker real-time allows 6 MB)",
+        default=6 * 1024 * 1024,
+        description="largest request body in bytes; larger ones get 413 (SageMaker's real-time "
+        "limit is 6 MB)",
         json_schema_extra=_key("max_request_size"),
     )
     model_dir: Path | None = Field(
         default=None,
-        description="the model folder (not a properties key: the folder lmforge serves)",
-        json_schema_extra=_key("model_dir"),
-        exclude=False,
+        description="the model folder given to lmforge (not a properties key)",
     )
 
-    @field_validator("dtype", mode="before")
+    @field_validator("dtype", "rolling_batch", "output_formatter", mode="before")
     @classmethod
-    def _dtype_alias(cls, value: Any) -> Any:
-        return _DTYPE_ALIASES.get(value.lower(), value.lower()) if isinstance(value, str) else value
+    def _lower_and_alias(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            word = value.strip().lower()
+            return ALIASES.get(info.field_name or "", {}).get(word, word)
+        return value
 
-    @field_validator("rolling_batch", mode="before")
+    @field_validator("engine", mode="before")
     @classmethod
-    def _rolling_alias(cls, value: Any) -> Any:
-        return _ROLLING_ALIASES.get(value.lower(), value.lower()) if isinstance(value, str) else value
+    def _engine_case(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"python": "Python", "mpi": "MPI"}.get(value.strip().lower(), value)
+        return value
 
     @field_validator("tensor_parallel_degree", mode="before")
     @classmethod
     def _tp(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() == "max":
             return "max"
-        return value
-
-    @field_validator("engine", mode="before")
-    @classmethod
-    def _engine(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"python": "Python", "mpi": "MPI"}.get(value.lower(), value)
         return value
 
     @field_validator("rope_scaling", mode="before")
@@ -208,9 +296,38 @@ class ServingConfig(BaseModel):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"expected a JSON object ({exc.msg} at column {exc.colno})") from None
+                raise PydanticCustomError(
+                    "lmforge_detail",
+                    "{detail}",
+                    {"detail": f"invalid JSON: {exc.msg} at column {exc.colno}"},
+                ) from None
             if not isinstance(value, dict):
-                raise ValueError("expected a JSON object")
+                raise PydanticCustomError(
+                    "lmforge_detail", "{detail}", {"detail": f"got a JSON {_json_kind(value)}"}
+                )
+        return value
+
+    @field_validator(
+        "engine",
+        "model_id",
+        "revision",
+        "max_rolling_batch_prefill_tokens",
+        "max_input_len",
+        "max_output_len",
+        "max_model_len",
+        "output_formatter",
+        "entry_point",
+        "quantize",
+        "rope_scaling",
+        "num_threads",
+        "kv_cache_memory_mb",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # defined after the other "before" validators so that pydantic runs it first
+        if isinstance(value, str):
+            return value.strip() or None
         return value
 
     @model_validator(mode="after")
@@ -224,15 +341,18 @@ class ServingConfig(BaseModel):
             if total > self.max_model_len:
                 raise ValueError(
                     f"option.max_input_len ({self.max_input_len}) + "
-                    f"option.max_output_len ({self.max_output_len}) "
-                    f"= {total} is more than option.max_model_len ({self.max_model_len})"
+                    f"option.max_output_len ({self.max_output_len}) = {total} "
+                    f"is more than option.max_model_len ({self.max_model_len})"
                 )
         return self
 
     @property
     def model_path(self) -> Path | None:
-        """The local folder holding the weights: ``model_id`` when it is a local folder (relative to the
-        model folder), the model folder when ``model_id`` is unset, else None (hub id or s3://)."""
+        """The local folder holding the weights, or None when they must be downloaded first.
+
+        ``model_id`` when it names an existing local folder (a relative path is taken relative to
+        ``model_dir``), ``model_dir`` when ``model_id`` is unset, else None (hub id or ``s3://``).
+        """
         if self.model_id is None:
             return self.model_dir
         if "://" in self.model_id:
@@ -244,11 +364,112 @@ class ServingConfig(BaseModel):
 
 
 def properties_keys() -> dict[str, str]:
-    """properties key -> field name, for every field that has one in serving.properties or env."""
-    out = {}
+    """properties key -> field name, for every field set by a properties key (in schema order)."""
+    out: dict[str, str] = {}
     for name, info in ServingConfig.model_fields.items():
         extra = info.json_schema_extra
-        key = extra["key"] if isinstance(extra, dict) else name
-        if name != "model_dir":
-            out[str(key)] = name
+        if isinstance(extra, dict) and "key" in extra:
+            out[str(extra["key"])] = name
     return out
+
+
+# --- type descriptions (error messages and the docs), derived from the annotations ---------------
+
+
+@dataclass(frozen=True)
+class _Alternative:
+    kind: Literal["int", "float", "bool", "str", "object", "choice"]
+    bounds: tuple[tuple[str, Any], ...] = ()
+    choices: tuple[str, ...] = ()
+
+
+_BOUND_OPS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def _bounds(metadata: list[Any]) -> tuple[tuple[str, Any], ...]:
+    out: list[tuple[str, Any]] = []
+    for item in metadata:
+        for m in item.metadata if isinstance(item, FieldInfo) else [item]:
+            if isinstance(
+                m, annotated_types.Ge | annotated_types.Gt | annotated_types.Le | annotated_types.Lt
+            ):
+                out.extend((op, getattr(m, attr)) for attr, op in _BOUND_OPS if hasattr(m, attr))
+    return tuple(out)
+
+
+def _alternatives(name: str) -> list[_Alternative]:
+    info = ServingConfig.model_fields[name]
+    annotation: Any = info.annotation
+    outer: list[Any] = list(info.metadata)  # pydantic moves a top-level Annotated's metadata here
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args: tuple[Any, ...] = typing.get_args(annotation)
+    else:
+        args = (annotation,)
+    out: list[_Alternative] = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        metadata = list(outer)
+        if typing.get_origin(arg) is Annotated:
+            arg, *inner = typing.get_args(arg)
+            metadata += inner
+        if typing.get_origin(arg) is Literal:
+            out.append(_Alternative("choice", choices=tuple(str(a) for a in typing.get_args(arg))))
+        elif arg is bool:
+            out.append(_Alternative("bool"))
+        elif arg is int:
+            out.append(_Alternative("int", bounds=_bounds(metadata)))
+        elif arg is float:
+            out.append(_Alternative("float", bounds=_bounds(metadata)))
+        elif arg is str:
+            out.append(_Alternative("str"))
+        elif typing.get_origin(arg) is dict:
+            out.append(_Alternative("object"))
+        else:
+            raise TypeError(f"no description for the type of {name}: {arg!r}")
+    return out
+
+
+def _num(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def type_label(name: str) -> str:
+    """A short type for the docs table, e.g. ``int >= 1 | max``."""
+    parts: list[str] = []
+    for alt in _alternatives(name):
+        if alt.kind == "choice":
+            parts.extend(alt.choices)
+        elif alt.kind == "object":
+            parts.append("JSON object")
+        else:
+            parts.append(
+                " ".join([alt.kind, " and ".join(f"{op} {_num(v)}" for op, v in alt.bounds)]).strip()
+            )
+    return " | ".join(parts)
+
+
+def expectation(name: str) -> str:
+    """What a value of the field must look like, for error messages: ``an integer >= 1 or 'max'``."""
+    parts: list[str] = []
+    for alt in _alternatives(name):
+        bounds = " and ".join(f"{op} {_num(v)}" for op, v in alt.bounds)
+        if alt.kind == "int":
+            parts.append(f"an integer {bounds}".rstrip())
+        elif alt.kind == "float":
+            parts.append(f"a number {bounds}".rstrip())
+        elif alt.kind == "bool":
+            parts.append("a boolean (true/false, 1/0, yes/no)")
+        elif alt.kind == "str":
+            parts.append("a string")
+        elif alt.kind == "object":
+            parts.append("a JSON object")
+        elif len(alt.choices) == 1:
+            parts.append(repr(alt.choices[0]))
+        else:
+            text = "one of " + ", ".join(alt.choices)
+            aliases = ALIASES.get(name)
+            if aliases:
+                text += " (or " + ", ".join(f"{a} for {c}" for a, c in aliases.items()) + ")"
+            parts.append(text)
+    return " or ".join(parts)
