@@ -52,11 +52,12 @@ class StopMatcher:
 
     def push(self, item: Any, piece: str) -> list[tuple[Any, str]]:
         """Add one token (``item``) whose text is ``piece``; return ``(item, text)`` pairs to emit now."""
+        if not self.stops:  # nothing to match or hold back (the common case): no bookkeeping
+            self.text += piece
+            return [(item, piece)]
         start = len(self.text)
         self.text += piece
         self._pending.append(_Pending(item, start, len(self.text)))
-        if not self.stops:
-            return self._release(len(self.text))
         search_from = max(0, self._released - self._longest + 1, start - self._longest + 1)
         hit = self._find(search_from)
         if hit is not None:

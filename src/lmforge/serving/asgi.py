@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    MutableMapping,
+)
 from typing import Any
 
 from lmforge.errors import LmforgeError, PayloadTooLargeError
@@ -101,11 +108,8 @@ async def run_unless_disconnected(receive: Receive, work: Awaitable[Any]) -> Any
     return task.result()
 
 
-async def _aiter(stream: Any) -> AsyncGenerator[Any, None]:
-    if hasattr(stream, "__aiter__"):
-        async for item in stream:
-            yield item
-        return
+async def _from_sync(stream: Iterable[Any]) -> AsyncGenerator[Any, None]:
+    """A synchronous iterable (a user handler's generator), each item fetched in a worker thread."""
     iterator = iter(stream)
     sentinel = object()
     while True:
@@ -128,7 +132,7 @@ async def stream_response(
     A client disconnect cancels the producer and closes ``stream`` (``aclose``), which aborts the
     engine request behind it. Returns False when the client went away.
     """
-    source = _aiter(stream)
+    source: AsyncIterator[Any] = aiter(stream) if isinstance(stream, AsyncIterable) else _from_sync(stream)
     disconnected = False
 
     async def pump() -> None:
@@ -154,11 +158,8 @@ async def stream_response(
             pump_task.result()
     finally:
         watcher.cancel()
-        with contextlib.suppress(BaseException):
-            await source.aclose()
-        if hasattr(stream, "aclose"):
+        close = getattr(source, "aclose", None)
+        if close is not None:
             with contextlib.suppress(BaseException):
-                closing = stream.aclose()  # type: ignore[union-attr]
-                if inspect.isawaitable(closing):
-                    await closing
+                await close()
     return not disconnected

@@ -459,27 +459,20 @@ class LmiDistEngine:
                 ready.extend(stops.push(token, detok.step(tid)))
                 if stops.stopped:
                     break
+            reason: FinishReason | None = None
             if stops.stopped:
-                for token, text in ready:
-                    token.text = text
-                for token, _ in ready[:-1]:
-                    yield GenerationEvent(token, prompt_len, seen)
-                last = ready[-1][0] if ready else None
-                yield GenerationEvent(last, prompt_len, seen, finish_reason=FinishReason.STOP_SEQUENCE)
-                return
-            if done:
+                reason = FinishReason.STOP_SEQUENCE
+            elif done:
                 ready.extend(stops.flush())
                 reason = self._finish_reason(output.generated_tokens, params)
-                for i, (token, text) in enumerate(ready):
-                    token.text = text
-                    final = i == len(ready) - 1
-                    yield GenerationEvent(token, prompt_len, seen, finish_reason=reason if final else None)
+            last = len(ready) - 1
+            for i, (token, text) in enumerate(ready):
+                token.text = text
+                yield GenerationEvent(token, prompt_len, seen, finish_reason=reason if i == last else None)
+            if reason is not None:
                 if not ready:
                     yield GenerationEvent(None, prompt_len, seen, finish_reason=reason)
                 return
-            for token, text in ready:
-                token.text = text
-                yield GenerationEvent(token, prompt_len, seen)
 
     def _finish_reason(self, generated: list[int], params: SamplingParams) -> FinishReason:
         if generated and generated[-1] in self._eos_ids and not params.ignore_eos:
