@@ -4,9 +4,8 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
-EXTRAS  ?= server,lmi-dist,dev
+EXTRAS  ?= server,lmi-dist,local,dev
 DEMO_DIR ?= .demo
-PORT    ?= 8080
 
 .PHONY: install test test-unit test-integration lint fmt demo bench clean
 
@@ -28,16 +27,16 @@ test-integration: install
 	$(BIN)/python -m pytest -q -m integration
 
 lint: install
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests examples bench
+	$(BIN)/ruff format --check src tests examples bench
 	$(BIN)/mypy
 
 fmt: install
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests examples bench
+	$(BIN)/ruff check --fix src tests examples bench
 
 demo: install
-	@PY=$(BIN)/python DEMO_DIR=$(DEMO_DIR) PORT=$(PORT) bash examples/demo.sh
+	@PY=$(BIN)/python DEMO_DIR=$(DEMO_DIR) bash examples/demo.sh
 
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/serving_throughput.py

@@ -1,43 +1,53 @@
 #!/usr/bin/env bash
-# `make demo`: build the tiny example model, serve it, stream a completion, stop.
+# `make demo`: the user's main job on the local SageMaker, end to end, with no AWS account:
+# tiny example model -> plan -> package -> local SageMaker -> deploy -> stream with real boto3 -> tear down.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 DEMO_DIR=${DEMO_DIR:-.demo}
-PORT=${PORT:-8080}
+ENDPOINT=${ENDPOINT:-lmforge-demo}
+INSTANCE_TYPE=${INSTANCE_TYPE:-ml.g5.2xlarge}
 LMFORGE="$PY -m lmforge"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+export LMFORGE_LOCAL_DIR="$PWD/$DEMO_DIR/local"
+export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-west-2}
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+teardown() {
+  status=$?
+  step "Tearing down"
+  $LMFORGE delete "$ENDPOINT" 2>&1 | sed 's/^/    /' || true
+  $LMFORGE local down || true
+  exit $status
+}
 
-step "1/4 Writing the tiny example model to $DEMO_DIR/model (random weights, local tokenizer)"
+step "1/6 Writing the tiny example model to $DEMO_DIR/model (random weights, local tokenizer)"
 $LMFORGE example-model "$DEMO_DIR/model" --overwrite
 
-step "2/4 Starting: lmforge serve $DEMO_DIR/model --port $PORT"
-$LMFORGE serve "$DEMO_DIR/model" --port "$PORT" > "$DEMO_DIR/server.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
-for i in $(seq 1 600); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' "localhost:$PORT/ping" || true)
-  [ "$code" = "200" ] && break
-  if ! kill -0 $SERVER 2>/dev/null; then echo "server exited:"; cat "$DEMO_DIR/server.log"; exit 1; fi
-  sleep 0.2
-done
-[ "$code" = "200" ] || { echo "server did not become healthy"; cat "$DEMO_DIR/server.log"; exit 1; }
-echo "GET /ping -> 200 (model loaded)"
+step "2/6 Planning memory for $INSTANCE_TYPE"
+$LMFORGE plan "$DEMO_DIR/model" --instance-type "$INSTANCE_TYPE"
 
-step "3/4 Streaming a completion (jsonlines, one line per token)"
-curl -sN "localhost:$PORT/invocations" -H 'Content-Type: application/json' \
-  -d '{"inputs":"def ","parameters":{"max_new_tokens":16,"details":true},"stream":true}'
+step "3/6 Packaging (deterministic model.tar.gz with a sha256 manifest)"
+$LMFORGE package "$DEMO_DIR/model" -o "$DEMO_DIR/model.tar.gz"
 
-step "4/4 A chat request (OpenAI schema)"
-curl -s "localhost:$PORT/invocations" -H 'Content-Type: application/json' \
-  -d '{"messages":[{"role":"user","content":"Write a function"}],"max_tokens":12,"temperature":0}'
-echo
+step "4/6 Starting the local SageMaker (moto control plane + S3, lmforge runtime)"
+$LMFORGE local up
+eval "$($LMFORGE local up --print-env)"
+trap teardown EXIT
+echo "boto3 now talks to AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL (runtime: $AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME)"
+
+step "5/6 lmforge deploy $DEMO_DIR/model --endpoint-name $ENDPOINT --instance-type $INSTANCE_TYPE"
+$LMFORGE deploy "$DEMO_DIR/model" --endpoint-name "$ENDPOINT" --instance-type "$INSTANCE_TYPE"
+
+step "6/6 Streaming through boto3 invoke_endpoint_with_response_stream (examples/stream_boto3.py)"
+$PY examples/stream_boto3.py "$ENDPOINT" "def fibonacci(n):"
 
 step "Done. The text is gibberish: the example model has random weights."
 cat <<NEXT
 Next (the CLI is .venv/bin/lmforge; 'source .venv/bin/activate' puts it on PATH):
-  lmforge serve $DEMO_DIR/model            # serve it yourself on :8080
-  lmforge config show $DEMO_DIR/model      # see every setting and where it came from
-  Point serving.properties at your own model: option.model_id=/path/to/hf-folder
+  eval "\$(lmforge local up --print-env)"          # keep a local SageMaker running
+  lmforge deploy $DEMO_DIR/model --endpoint-name my-llm --instance-type ml.g5.2xlarge
+  lmforge invoke my-llm 'def hello():' --stream --details
+  python examples/sagemaker_sdk_v2.py $DEMO_DIR/model --endpoint-name sdk-llm   # the SageMaker SDK v2 way
+  lmforge serve $DEMO_DIR/model                     # or just the model server, on :8080
+  Without the local env vars, the same deploy goes to your AWS account (add --role ARN).
 NEXT

@@ -108,6 +108,37 @@ def manifest_bytes(files: list[PackedFile]) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
+def scan_model_folder(model_dir: str | Path, *, validate: bool = True) -> list[tuple[Path, PackedFile]]:
+    """Every file that packing ``model_dir`` would include, with its digest, after validating the
+    configuration (``PackageError`` on an invalid one, a link or a special file)."""
+    root = Path(model_dir).resolve()
+    if not root.is_dir():
+        raise PackageError(f"{model_dir} is not a folder")
+    if validate:
+        from lmforge.config import ConfigError, load_config
+
+        try:
+            load_config(root, env={})
+        except ConfigError as exc:
+            raise PackageError(f"{root / 'serving.properties'} is invalid:\n{exc}") from None
+    return _scan(root)
+
+
+def verify_folder(folder: str | Path) -> None:
+    """Check an extracted or downloaded model folder against its manifest, when it has one."""
+    root = Path(folder)
+    manifest_path = root / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return
+    entries = json.loads(manifest_path.read_text())["files"]
+    for entry in entries:
+        path = root / entry["path"]
+        if not path.is_file():
+            raise PackageError(f"{entry['path']} is listed in the manifest but missing")
+        if _sha256(path) != entry["sha256"]:
+            raise PackageError(f"{entry['path']} does not match the manifest")
+
+
 def package_model(
     model_dir: str | Path,
     output: str | Path,
@@ -118,18 +149,9 @@ def package_model(
     """Pack ``model_dir`` into ``output`` (a ``.tar.gz``); ``progress(done_bytes, total_bytes)``."""
     root = Path(model_dir).resolve()
     out = Path(output).resolve()
-    if not root.is_dir():
-        raise PackageError(f"{model_dir} is not a folder")
-    if out.is_relative_to(root):
+    if root.is_dir() and out.is_relative_to(root):
         raise PackageError(f"the output {output} must be outside the folder being packed")
-    if validate:
-        from lmforge.config import ConfigError, load_config
-
-        try:
-            load_config(root, env={})
-        except ConfigError as exc:
-            raise PackageError(f"{root / 'serving.properties'} is invalid:\n{exc}") from None
-    scanned = _scan(root)
+    scanned = scan_model_folder(root, validate=validate)
     files = [f for _, f in scanned]
     total = sum(f.size for f in files)
     tmp = out.with_name(out.name + ".partial")

@@ -15,14 +15,24 @@ def main() -> None:
 
 def _register() -> None:
     from lmforge.cli.config_cmd import config_group
+    from lmforge.cli.deploy_cmd import delete_command, deploy_command, wait_command
     from lmforge.cli.example_cmd import example_model_command
+    from lmforge.cli.invoke_cmd import invoke_command
+    from lmforge.cli.local_cmd import local_group
     from lmforge.cli.package_cmd import package_command
+    from lmforge.cli.plan_cmd import plan_command
     from lmforge.cli.serve_cmd import serve_command
 
     main.add_command(serve_command)
     main.add_command(example_model_command)
     main.add_command(config_group)
     main.add_command(package_command)
+    main.add_command(plan_command)
+    main.add_command(local_group)
+    main.add_command(deploy_command)
+    main.add_command(wait_command)
+    main.add_command(delete_command)
+    main.add_command(invoke_command)
 
 
 _register()

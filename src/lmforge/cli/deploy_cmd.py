@@ -1,0 +1,333 @@
+"""``lmforge deploy DIR`` and ``lmforge delete NAME``: SageMaker endpoints in one step.
+
+Deploy validates the configuration, plans memory against the instance type, packages, uploads and
+creates (or updates) the endpoint, then waits for it. It talks to whatever boto3 is pointed at: real
+AWS by default, the local SageMaker after ``eval "$(lmforge local up --print-env)"``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lmforge.cli.local_cmd import where
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@contextmanager
+def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    with click.progressbar(length=max(total, 1), label=label, file=sys.stderr, show_pos=False) as bar:
+
+        def advance(n: int) -> None:
+            bar.update(n)
+
+        yield advance
+
+
+def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env")
+        out[key] = value
+    return out
+
+
+def _region(explicit: str | None) -> str:
+    import boto3
+
+    region = explicit or boto3.session.Session().region_name
+    if not region:
+        raise click.UsageError("no AWS region: pass --region or set AWS_DEFAULT_REGION")
+    return str(region)
+
+
+@click.command("deploy")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--endpoint-name", required=True, help="SageMaker endpoint to create, or to update if it exists."
+)
+@click.option("--instance-type", required=True, help="For example ml.g5.2xlarge (see `lmforge plan`).")
+@click.option("--instance-count", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--role", "role_arn", help="Execution role ARN [default: $LMFORGE_ROLE_ARN].")
+@click.option("--bucket", help="S3 bucket for the artifacts [default: sagemaker-REGION-ACCOUNT].")
+@click.option("--s3-prefix", default="lmforge", show_default=True, help="Key prefix inside the bucket.")
+@click.option(
+    "--image-uri", help="Container image [default: $LMFORGE_IMAGE_URI, else the matching LMI image]."
+)
+@click.option(
+    "--artifact-format",
+    type=click.Choice(["auto", "tar.gz", "prefix"]),
+    default="auto",
+    show_default=True,
+    help="model.tar.gz, or an uncompressed S3 prefix (auto: prefix above 1 GiB).",
+)
+@click.option(
+    "--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Container environment (repeat)."
+)
+@click.option("--health-check-timeout", type=click.IntRange(60, 3600), help="[default: from the plan]")
+@click.option("--download-timeout", type=click.IntRange(60, 3600), help="[default: from the plan]")
+@click.option(
+    "--volume-size", type=click.IntRange(1, 512), help="EBS volume in GB (instances without local NVMe)."
+)
+@click.option(
+    "--model-config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="config.json to plan with.",
+)
+@click.option("--region", help="[default: the AWS SDK's region]")
+@click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
+@click.option("--replace", is_flag=True, help="Delete a Failed endpoint of that name first.")
+@click.option("--no-wait", is_flag=True, help="Return once SageMaker has accepted the request.")
+def deploy_command(
+    model_dir: Path,
+    endpoint_name: str,
+    instance_type: str,
+    instance_count: int,
+    role_arn: str | None,
+    bucket: str | None,
+    s3_prefix: str,
+    image_uri: str | None,
+    artifact_format: str,
+    env_items: tuple[str, ...],
+    health_check_timeout: int | None,
+    download_timeout: int | None,
+    volume_size: int | None,
+    model_config: Path | None,
+    region: str | None,
+    force: bool,
+    replace: bool,
+    no_wait: bool,
+) -> None:
+    """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it."""
+    from lmforge.config import ConfigError, load_config
+    from lmforge.deploy.endpoints import (
+        DeployError,
+        EndpointSpec,
+        delete_endpoint,
+        deploy_endpoint,
+        describe_endpoint,
+        sagemaker_client,
+    )
+    from lmforge.deploy.images import default_image_uri
+
+    environment = _env_pairs(env_items)
+    try:
+        resolved = load_config(model_dir, env={})
+    except ConfigError as exc:
+        _echo(f"error: invalid configuration:\n{exc}")
+        raise SystemExit(2) from None
+    region = _region(region)
+    _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
+
+    plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
+    health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
+    download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
+
+    role_arn = role_arn or os.environ.get("LMFORGE_ROLE_ARN")
+    if not role_arn:
+        raise click.UsageError(
+            "no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME (a role SageMaker can assume "
+            "with read access to the bucket) or set LMFORGE_ROLE_ARN"
+        )
+    sm = sagemaker_client(region)
+    try:
+        existing = describe_endpoint(sm, endpoint_name)
+        if existing is not None and existing["EndpointStatus"] == "Failed" and replace:
+            delete_endpoint(sm, endpoint_name, echo=_echo)
+        upload = _upload(model_dir, region, bucket, s3_prefix, artifact_format)
+        spec = EndpointSpec(
+            endpoint_name=endpoint_name,
+            instance_type=instance_type,
+            instance_count=instance_count,
+            image_uri=image_uri or default_image_uri(resolved.config, region),
+            role_arn=role_arn,
+            model_data=upload.model_data(),
+            environment=environment,
+            health_check_timeout_s=health_timeout,
+            download_timeout_s=download_timeout,
+            volume_size_gb=volume_size,
+        )
+        _echo(f"[4/5] image {spec.image_uri}")
+        _echo("[5/5] deploying")
+        result = deploy_endpoint(sm, spec, wait=not no_wait, echo=_echo)
+    except DeployError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    _report(result, no_wait)
+
+
+def _aws_error(exc: Exception) -> Exception:
+    """A boto3/botocore failure as a one-line CLI error; anything else unchanged."""
+    from botocore.exceptions import NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return click.ClickException(
+            "no AWS credentials: configure them (aws configure, AWS_PROFILE), or deploy to the local "
+            'SageMaker: eval "$(lmforge local up --print-env)"'
+        )
+    if type(exc).__module__.startswith(("botocore", "boto3")):
+        return click.ClickException(f"AWS refused the request: {exc}")
+    return exc
+
+
+def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path | None, force: bool) -> Any:
+    """The memory plan, echoed; exits 1 when it does not fit unless forced; None when it cannot be made."""
+    from lmforge.deploy.plan import PlanError, make_plan
+
+    try:
+        plan = make_plan(model_dir, config, instance_type, model_config_path=model_config)
+    except PlanError as exc:
+        _echo(f"[2/5] plan skipped: {exc}")
+        return None
+    except ValueError as exc:  # an unknown instance type
+        raise click.UsageError(str(exc)) from None
+    _echo("[2/5] plan")
+    for line in plan.render().splitlines():
+        _echo("      " + line)
+    if not plan.fits:
+        if not force:
+            _echo(
+                "error: this deployment does not fit the instance (see above); choose another instance "
+                "type or"
+            )
+            _echo("       smaller limits, or pass --force to deploy anyway")
+            raise SystemExit(1)
+        _echo("warning: deploying although the plan does not fit (--force)")
+    return plan
+
+
+def _upload(model_dir: Path, region: str, bucket: str | None, s3_prefix: str, artifact_format: str) -> Any:
+    import boto3
+
+    from lmforge.artifacts import PackageError, package_model, scan_model_folder
+    from lmforge.deploy.upload import (
+        PREFIX_THRESHOLD_BYTES,
+        ensure_bucket,
+        s3_client,
+        upload_archive,
+        upload_prefix,
+    )
+
+    s3 = s3_client(region)
+    if bucket is None:
+        account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+        bucket = f"sagemaker-{region}-{account}"
+    if ensure_bucket(s3, bucket, region):
+        _echo(f"      created bucket s3://{bucket}")
+    target = f"s3://{bucket}/{s3_prefix.strip('/')}"
+    try:
+        scanned = scan_model_folder(model_dir)
+        total = sum(f.size for _, f in scanned)
+        form = artifact_format
+        if form == "auto":
+            form = "prefix" if total > PREFIX_THRESHOLD_BYTES else "tar.gz"
+        if form == "prefix":
+            _echo(f"[3/5] uploading {len(scanned)} files ({total / 2**20:.1f} MB) uncompressed to {target}/")
+            with _bar("      upload", total) as advance:
+                result = upload_prefix(model_dir, target, s3=s3, progress=advance)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                archive = Path(tmp) / "model.tar.gz"
+                with _bar("[3/5] packing", total) as advance:
+                    done = [0]
+
+                    def packed(n: int, _total: int) -> None:
+                        advance(n - done[0])
+                        done[0] = n
+
+                    packaged = package_model(model_dir, archive, progress=packed)
+                size = archive.stat().st_size
+                _echo(f"      model.tar.gz {size / 2**20:.1f} MB, sha256 {packaged.sha256[:16]}")
+                with _bar("      upload", size) as advance:
+                    result = upload_archive(archive, packaged.sha256, target, s3=s3, progress=advance)
+    except PackageError as exc:
+        raise click.ClickException(str(exc)) from None
+    note = (
+        "already there, nothing sent"
+        if result.sent_bytes == 0
+        else f"{result.sent_bytes / 2**20:.1f} MB sent"
+    )
+    _echo(f"      {result.uri} ({note})")
+    return result
+
+
+def _report(result: Any, no_wait: bool) -> None:
+    name = result.endpoint_name
+    if no_wait:
+        click.echo(f"{name}: {result.status}")
+        _echo(f"Next: lmforge wait {name}   (or watch it in the SageMaker console)")
+        return
+    if result.succeeded:
+        click.echo(f"{name}: InService ({'updated' if result.updated else 'created'})")
+        _echo("")
+        _echo("Next:")
+        _echo(f"  lmforge invoke {name} 'def fibonacci(n):' --stream --details")
+        _echo(f"  lmforge delete {name}      # stop paying for it")
+        return
+    reason = result.description.get("FailureReason") or "no reason given"
+    click.echo(f"{name}: {result.status}", err=False)
+    _echo(f"FailureReason: {reason}")
+    _echo("")
+    _echo("What to do:")
+    _echo(
+        "  - read the container log (CloudWatch /aws/sagemaker/Endpoints/"
+        + name
+        + ", or the local log named above)"
+    )
+    _echo("  - check the memory plan: lmforge plan MODEL_DIR --instance-type TYPE")
+    _echo("  - try the folder locally first: lmforge serve MODEL_DIR")
+    if result.updated:
+        previous = result.description.get("EndpointConfigName")
+        _echo(f"  - the endpoint still serves its previous configuration ({previous})")
+    else:
+        _echo(f"  - then: lmforge delete {name}, and deploy again")
+    raise SystemExit(1)
+
+
+@click.command("wait")
+@click.argument("endpoint_name")
+@click.option("--region")
+def wait_command(endpoint_name: str, region: str | None) -> None:
+    """Wait until ENDPOINT_NAME is InService (exit 0) or Failed (exit 1)."""
+    from lmforge.deploy.endpoints import sagemaker_client, wait_for_endpoint
+
+    try:
+        description = wait_for_endpoint(sagemaker_client(_region(region)), endpoint_name, echo=_echo)
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    click.echo(f"{endpoint_name}: {description['EndpointStatus']}")
+    if description["EndpointStatus"] != "InService":
+        _echo(f"FailureReason: {description.get('FailureReason', 'no reason given')}")
+        raise SystemExit(1)
+
+
+@click.command("delete")
+@click.argument("endpoint_name")
+@click.option("--keep-config", is_flag=True, help="Keep the endpoint configuration and models.")
+@click.option("--region")
+def delete_command(endpoint_name: str, keep_config: bool, region: str | None) -> None:
+    """Delete ENDPOINT_NAME and, unless --keep-config, its endpoint configuration and models."""
+    from lmforge.deploy.endpoints import DeployError, delete_endpoint, sagemaker_client
+
+    try:
+        delete_endpoint(sagemaker_client(_region(region)), endpoint_name, keep_config=keep_config, echo=_echo)
+    except DeployError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise _aws_error(exc) from None
+    _echo(
+        "Artifacts in S3 are kept (content-addressed); remove them with `aws s3 rm --recursive` if unneeded."
+    )

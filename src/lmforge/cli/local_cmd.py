@@ -1,0 +1,92 @@
+"""``lmforge local up|down|status``: the local SageMaker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+_STATE_DIR = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where its state, endpoints and logs live [default: $LMFORGE_LOCAL_DIR or ~/.lmforge/local].",
+)
+
+
+def where() -> str:
+    """Which SageMaker boto3 will talk to, in words."""
+    url = os.environ.get("AWS_ENDPOINT_URL_SAGEMAKER") or os.environ.get("AWS_ENDPOINT_URL")
+    if url and url.startswith(("http://127.", "http://localhost")):
+        return f"the local SageMaker at {url}"
+    if url:
+        return f"the SageMaker API at {url}"
+    return "AWS SageMaker"
+
+
+@click.group("local")
+def local_group() -> None:
+    """Run a local SageMaker (S3, the control plane and the runtime) that real boto3 clients talk to."""
+
+
+@local_group.command("up")
+@_STATE_DIR
+@click.option("--print-env", is_flag=True, help="Print only the shell `export` lines (for eval).")
+@click.option("--port", type=int, default=0, help="Control plane and S3 port [default: a free one].")
+@click.option("--runtime-port", type=int, default=0, help="sagemaker-runtime port [default: a free one].")
+def up_command(state_dir: Path | None, print_env: bool, port: int, runtime_port: int) -> None:
+    """Start the local SageMaker in the background (or find the running one).
+
+    Point your shell at it with:  eval "$(lmforge local up --print-env)"
+    """
+    from lmforge.local import control
+
+    directory = control.state_dir(state_dir)
+    try:
+        state, started = control.up(directory, port=port, runtime_port=runtime_port)
+    except control.LocalError as exc:
+        raise click.ClickException(str(exc)) from None
+    if print_env:
+        click.echo(state.export_lines(), nl=False)
+        return
+    verb = "started" if started else "already running"
+    click.echo(f"local SageMaker {verb} (pid {state.pid}, state in {state.state_dir})")
+    click.echo(f"  control plane and S3: {state.control_url}")
+    click.echo(f"  runtime:              {state.runtime_url}")
+    click.echo("")
+    click.echo("Next: point boto3, the AWS CLI and the SageMaker SDK at it, then deploy:")
+    click.echo(f'  eval "$(lmforge local up --print-env{_dir_flag(state_dir)})"')
+    click.echo("  lmforge deploy MODEL_DIR --endpoint-name my-llm --instance-type ml.g5.2xlarge")
+    click.echo(f"Stop it with: lmforge local down{_dir_flag(state_dir)}")
+
+
+@local_group.command("down")
+@_STATE_DIR
+def down_command(state_dir: Path | None) -> None:
+    """Stop the local SageMaker and every endpoint it runs."""
+    from lmforge.local import control
+
+    directory = control.state_dir(state_dir)
+    if control.down(directory):
+        click.echo(f"local SageMaker stopped ({directory})")
+    else:
+        click.echo(f"no local SageMaker is running ({directory})")
+
+
+@local_group.command("status")
+@_STATE_DIR
+def status_command(state_dir: Path | None) -> None:
+    """Say whether the local SageMaker runs, and where."""
+    from lmforge.local import control
+
+    directory = control.state_dir(state_dir)
+    state = control.read_state(directory)
+    if state is None:
+        click.echo(f"not running ({directory}); start it with: lmforge local up")
+        raise SystemExit(1)
+    click.echo(f"running (pid {state.pid}): control plane {state.control_url}, runtime {state.runtime_url}")
+
+
+def _dir_flag(state_dir: Path | None) -> str:
+    return f" --state-dir {state_dir}" if state_dir is not None else ""

@@ -1,0 +1,1 @@
+"""Deploying to SageMaker: planning, upload, endpoints."""

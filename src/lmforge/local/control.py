@@ -1,0 +1,157 @@
+"""Start, find and stop the local SageMaker process (``lmforge local up`` / ``down``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmforge.local.server import STATE_FILE
+
+DEFAULT_REGION = "us-west-2"
+ENV_STATE_DIR = "LMFORGE_LOCAL_DIR"
+
+
+class LocalError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class LocalState:
+    pid: int
+    control_url: str
+    runtime_url: str
+    role_arn: str
+    state_dir: Path
+
+    def env(self, region: str | None = None) -> dict[str, str]:
+        """The variables that point boto3, the AWS CLI and the SageMaker SDK at this local SageMaker."""
+        return {
+            "AWS_ENDPOINT_URL": self.control_url,
+            "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": self.runtime_url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": region or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION,
+            "LMFORGE_ROLE_ARN": self.role_arn,
+            ENV_STATE_DIR: str(self.state_dir),
+        }
+
+    def export_lines(self, region: str | None = None) -> str:
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in self.env(region).items()]
+        lines.append("unset AWS_SESSION_TOKEN AWS_PROFILE")
+        return "\n".join(lines) + "\n"
+
+
+def state_dir(explicit: Path | None = None) -> Path:
+    if explicit is not None:
+        return explicit.resolve()
+    env = os.environ.get(ENV_STATE_DIR)
+    if env:
+        return Path(env).resolve()
+    return (Path.home() / ".lmforge" / "local").resolve()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":  # exited, not yet reaped by its parent
+                return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/moto-api/", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def read_state(directory: Path) -> LocalState | None:
+    """The running local SageMaker in ``directory``, or None (a stale state file is removed)."""
+    path = directory / STATE_FILE
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    state = LocalState(
+        int(raw["pid"]), raw["control_url"], raw["runtime_url"], raw["role_arn"], Path(raw["state_dir"])
+    )
+    if not _alive(state.pid) or not _answers(state.control_url):
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def up(
+    directory: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    runtime_port: int = 0,
+    timeout_s: float = 60.0,
+) -> tuple[LocalState, bool]:
+    """Start the local SageMaker in the background (or find the running one); returns (state, started)."""
+    existing = read_state(directory)
+    if existing is not None:
+        return existing, False
+    directory.mkdir(parents=True, exist_ok=True)
+    log_path = directory / "local.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmforge.local.server",
+        "--state-dir",
+        str(directory),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--runtime-port",
+        str(runtime_port),
+    ]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+            raise LocalError(f"the local SageMaker exited with code {process.returncode}:\n{tail}")
+        state = read_state(directory)
+        if state is not None and state.pid == process.pid:
+            return state, True
+        time.sleep(0.2)
+    process.terminate()
+    raise LocalError(f"the local SageMaker did not start within {timeout_s:.0f} s; see {log_path}")
+
+
+def down(directory: Path, *, timeout_s: float = 45.0) -> bool:
+    """Stop the local SageMaker in ``directory`` and its endpoints; False when none was running."""
+    state = read_state(directory)
+    if state is None:
+        return False
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(state.pid):
+        time.sleep(0.2)
+    if _alive(state.pid):
+        os.kill(state.pid, signal.SIGKILL)
+    (directory / STATE_FILE).unlink(missing_ok=True)
+    return True

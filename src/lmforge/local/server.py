@@ -1,0 +1,119 @@
+"""The local SageMaker process: moto (control plane, S3, IAM, STS, ...) and the runtime, on loopback.
+
+Run by ``lmforge local up`` as ``python -m lmforge.local.server --state-dir DIR``; it writes
+``DIR/state.json`` (pid and URLs) once both servers accept connections, and on SIGTERM/SIGINT stops
+every endpoint's container, then itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmforge.local import moto_ext
+from lmforge.local.provisioner import Provisioner
+from lmforge.local.runtime import RuntimeServer
+
+STATE_FILE = "state.json"
+ACCOUNT_ID = "123456789012"  # moto's default account
+ROLE_NAME = "lmforge-local"
+
+
+@dataclass
+class LocalSageMaker:
+    """Both servers in this process. ``start()`` returns once they accept connections."""
+
+    state_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    runtime_port: int = 0
+    invocation_timeout_s: float = 60.0
+    stream_timeout_s: float = 600.0
+
+    def start(self) -> None:
+        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._moto = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.control_url = f"http://{host}:{port}"
+        self.provisioner = Provisioner(self.state_dir, self.control_url)
+        moto_ext.install(self.provisioner)
+        self._runtime = RuntimeServer(
+            (self.host, self.runtime_port),
+            self.provisioner,
+            invocation_timeout_s=self.invocation_timeout_s,
+            stream_timeout_s=self.stream_timeout_s,
+        )
+        self._runtime.start()
+        self.runtime_url = self._runtime.url
+
+    def stop(self) -> None:
+        self.provisioner.shutdown()
+        self._runtime.shutdown()
+        self._runtime.server_close()
+        self._moto.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "control_url": self.control_url,
+            "runtime_url": self.runtime_url,
+            "account_id": ACCOUNT_ID,
+            "role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{ROLE_NAME}",
+            "state_dir": str(self.state_dir),
+            "started_at": time.time(),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmforge.local.server")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="control plane and S3 (moto)")
+    parser.add_argument("--runtime-port", type=int, default=0, help="sagemaker-runtime")
+    parser.add_argument("--invocation-timeout", type=float, default=60.0)
+    parser.add_argument("--stream-timeout", type=float, default=600.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    local = LocalSageMaker(
+        args.state_dir.resolve(),
+        args.host,
+        args.port,
+        args.runtime_port,
+        args.invocation_timeout,
+        args.stream_timeout,
+    )
+    local.start()
+    state_path = local.state_dir / STATE_FILE
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(local.state(), indent=2) + "\n")
+    tmp.replace(state_path)
+    logging.getLogger("lmforge.local").info(
+        "local SageMaker up: control plane %s, runtime %s", local.control_url, local.runtime_url
+    )
+    try:
+        stop.wait()
+    finally:
+        logging.getLogger("lmforge.local").info("stopping the local SageMaker")
+        local.stop()
+        state_path.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,411 @@
+"""The user's main job against the local SageMaker, with the real boto3 client and the real CLI:
+package -> upload -> deploy -> InService -> streamed tokens; failures, updates, deletes, wire errors.
+
+One local SageMaker (``lmforge local up``, a separate process) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.utils import TEST_ENV
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REGION = "us-west-2"
+PROMPT = "def fibonacci(n):"
+
+
+def _lmforge(
+    *args: str, env: dict[str, str], check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def _parse_exports(text: str) -> dict[str, str]:
+    import shlex
+
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            out[key] = shlex.split(value)[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment a user gets from ``eval "$(lmforge local up --print-env)"``."""
+    state = tmp_path_factory.mktemp("local-sagemaker")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base.update(TEST_ENV)
+    base["AWS_DEFAULT_REGION"] = REGION
+    up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
+    env = {**base, **_parse_exports(up.stdout)}
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    yield env
+    _lmforge("local", "down", "--state-dir", str(state), env=base)
+    assert not (state / "state.json").exists()
+
+
+@pytest.fixture(scope="module")
+def clients(local: dict[str, str]) -> dict[str, Any]:
+    """Plain boto3 clients, configured only through the environment (no endpoint_url in code)."""
+    import boto3
+    from botocore.config import Config
+
+    saved = dict(os.environ)
+    os.environ.update(local)  # botocore reads AWS_ENDPOINT_URL* when a client is made
+    try:
+        session = boto3.session.Session()
+        cfg = Config(retries={"max_attempts": 1})
+        return {name: session.client(name, config=cfg) for name in ("sagemaker", "sagemaker-runtime", "s3")}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def endpoint(local: dict[str, str], tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model deployed with ``lmforge deploy`` (validate, plan, package, upload, create, wait)."""
+    name = "tiny-llm"
+    out = _lmforge(
+        "deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.2xlarge", env=local
+    )
+    assert f"{name}: InService (created)" in out.stdout
+    assert "[3/5] packing" in out.stderr or "upload" in out.stderr
+    assert "Next:" in out.stderr
+    return name
+
+
+def _stream(smr: Any, name: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float]]:
+    from lmforge.client import iter_stream_objects
+
+    start = time.monotonic()
+    resp = smr.invoke_endpoint_with_response_stream(
+        EndpointName=name, Body=json.dumps(body), ContentType="application/json"
+    )
+    assert resp["ContentType"] == "application/jsonlines"
+    assert resp["InvokedProductionVariant"] == "AllTraffic"
+    objs, times = [], []
+    for obj in iter_stream_objects(resp["Body"]):
+        objs.append(obj)
+        times.append(time.monotonic() - start)
+    return objs, times
+
+
+def test_deploy_then_stream_equals_non_streamed(endpoint: str, clients: dict[str, Any]) -> None:
+    sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    desc = sm.describe_endpoint(EndpointName=endpoint)
+    assert desc["EndpointStatus"] == "InService"
+    config = sm.describe_endpoint_config(EndpointConfigName=desc["EndpointConfigName"])
+    variant = config["ProductionVariants"][0]
+    assert variant["InstanceType"] == "ml.g5.2xlarge"  # moto alone refuses g5
+    assert 60 <= variant["ContainerStartupHealthCheckTimeoutInSeconds"] <= 3600
+
+    params = {"max_new_tokens": 40, "details": True}
+    objs, times = _stream(smr, endpoint, {"inputs": PROMPT, "parameters": params, "stream": True})
+    assert len(objs) == 40 and all("token" in o for o in objs)
+    final = objs[-1]
+    assert final["details"]["finish_reason"] == "length"
+    assert final["details"]["generated_tokens"] == 40
+    streamed = "".join(o["token"]["text"] for o in objs)
+    assert streamed == final["generated_text"]
+    assert times[0] < times[-1]  # events arrive as they are produced, not all at the end
+
+    resp = smr.invoke_endpoint(
+        EndpointName=endpoint,
+        Body=json.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 40}}),
+        ContentType="application/json",
+    )
+    assert json.loads(resp["Body"].read())["generated_text"] == streamed
+
+
+def test_cli_invoke_streams_the_same_text(
+    endpoint: str, local: dict[str, str], clients: dict[str, Any]
+) -> None:
+    out = _lmforge("invoke", endpoint, PROMPT, "--stream", "--max-new-tokens", "12", "--details", env=local)
+    resp = clients["sagemaker-runtime"].invoke_endpoint(
+        EndpointName=endpoint,
+        Body=json.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 12}}),
+        ContentType="application/json",
+    )
+    assert out.stdout.rstrip("\n") == json.loads(resp["Body"].read())["generated_text"]
+    assert json.loads(out.stderr[out.stderr.index("{") :])["finish_reason"] == "length"
+
+
+def test_first_event_arrives_before_the_stream_ends(endpoint: str, clients: dict[str, Any]) -> None:
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 300}, "stream": True}
+    _, times = _stream(clients["sagemaker-runtime"], endpoint, body)
+    assert times[-1] - times[0] > 0.05, times[:3]
+
+
+def test_wire_errors_have_sagemakers_shapes(endpoint: str, clients: dict[str, Any]) -> None:
+    smr = clients["sagemaker-runtime"]
+    with pytest.raises(smr.exceptions.ValidationError, match="not found"):
+        smr.invoke_endpoint(EndpointName="no-such-endpoint", Body=b"{}", ContentType="application/json")
+    with pytest.raises(smr.exceptions.ValidationError, match="6291456"):
+        smr.invoke_endpoint(
+            EndpointName=endpoint, Body=b"x" * (6 * 2**20 + 1), ContentType="application/json"
+        )
+    with pytest.raises(smr.exceptions.ModelError) as info:
+        smr.invoke_endpoint_with_response_stream(
+            EndpointName=endpoint,
+            Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 0}}),
+            ContentType="application/json",
+        )
+    assert info.value.response["OriginalStatusCode"] == 400
+    assert "parameters.max_new_tokens" in info.value.response["OriginalMessage"]
+    # the server is still fine afterwards
+    out = smr.invoke_endpoint(
+        EndpointName=endpoint,
+        Body=json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 2}}),
+        ContentType="application/json",
+    )
+    assert "generated_text" in json.loads(out["Body"].read())
+
+
+def _container_pid(local: dict[str, str], name: str) -> int:
+    folders = sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", name).glob("*/container.pid"))
+    return int(folders[-1].read_text())
+
+
+def test_container_death_mid_stream_is_a_model_stream_error(
+    local: dict[str, str], tiny_model: Path, clients: dict[str, Any]
+) -> None:
+    from botocore.exceptions import EventStreamError
+
+    name = "dies-mid-stream"
+    _lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.m5.xlarge", env=local)
+    smr = clients["sagemaker-runtime"]
+    resp = smr.invoke_endpoint_with_response_stream(
+        EndpointName=name,
+        Body=json.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 900}, "stream": True}),
+        ContentType="application/json",
+    )
+    events = iter(resp["Body"])
+    assert "PayloadPart" in next(events)
+    os.kill(_container_pid(local, name), signal.SIGKILL)
+    with pytest.raises(EventStreamError) as info:
+        for _ in events:
+            pass
+    assert info.value.response["Error"]["Code"] == "ModelStreamError"
+    _lmforge("delete", name, env=local)
+
+
+def test_invalid_model_ends_failed_with_a_reason(
+    clients: dict[str, Any], local: dict[str, str], tiny_model: Path, tmp_path: Path
+) -> None:
+    """Plain boto3 all the way: a tarball whose serving.properties is invalid (packed unvalidated)."""
+    from lmforge.artifacts import package_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model, bad)
+    (bad / "serving.properties").write_text("option.max_rolling_batch_size=lots\n")
+    archive = package_model(bad, tmp_path / "model.tar.gz", validate=False)
+    s3, sm = clients["s3"], clients["sagemaker"]
+    s3.create_bucket(Bucket="failing-models", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive.output), "failing-models", "bad/model.tar.gz")
+    sm.create_model(
+        ModelName="bad-model",
+        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
+        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://failing-models/bad/model.tar.gz"},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="bad-config",
+        ProductionVariants=[
+            {
+                "VariantName": "AllTraffic",
+                "ModelName": "bad-model",
+                "InstanceType": "ml.g6.xlarge",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.create_endpoint(EndpointName="bad-endpoint", EndpointConfigName="bad-config")
+    assert sm.describe_endpoint(EndpointName="bad-endpoint")["EndpointStatus"] == "Creating"
+    with pytest.raises(Exception, match="Failed"):
+        sm.get_waiter("endpoint_in_service").wait(
+            EndpointName="bad-endpoint", WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+        )
+    desc = sm.describe_endpoint(EndpointName="bad-endpoint")
+    assert desc["EndpointStatus"] == "Failed"
+    assert "option.max_rolling_batch_size" in desc["FailureReason"]
+    with pytest.raises(clients["sagemaker-runtime"].exceptions.ValidationError):
+        clients["sagemaker-runtime"].invoke_endpoint(
+            EndpointName="bad-endpoint", Body=b"{}", ContentType="application/json"
+        )
+    sm.delete_endpoint(EndpointName="bad-endpoint")
+
+
+def test_update_then_delete(
+    local: dict[str, str], tiny_model: Path, clients: dict[str, Any], tmp_path: Path
+) -> None:
+    """Re-deploying updates in place (new config, new container) and upload skips known content;
+    the prefix (uncompressed) form serves too; delete stops the container."""
+    sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    name = "updated-llm"
+    _lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge", env=local)
+    first = sm.describe_endpoint(EndpointName=name)
+    first_pid = _container_pid(local, name)
+
+    out = _lmforge(
+        *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
+        *("--artifact-format", "prefix", "--env", "OPTION_MAX_ROLLING_BATCH_SIZE=4"),
+        env=local,
+    )
+    assert f"{name}: InService (updated)" in out.stdout
+    second = sm.describe_endpoint(EndpointName=name)
+    assert second["EndpointConfigName"] != first["EndpointConfigName"]
+    model = sm.describe_model(ModelName=second["EndpointConfigName"])
+    source = model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]
+    assert source["CompressionType"] == "None" and source["S3Uri"].endswith("/")
+    assert model["PrimaryContainer"]["Environment"] == {"OPTION_MAX_ROLLING_BATCH_SIZE": "4"}
+    new_pid = _container_pid(local, name)
+    assert new_pid != first_pid
+    _wait_gone(first_pid)
+    resp = smr.invoke_endpoint(
+        EndpointName=name,
+        Body=json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 3}}),
+        ContentType="application/json",
+    )
+    assert "generated_text" in json.loads(resp["Body"].read())
+
+    again = _lmforge(
+        *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
+        *("--artifact-format", "prefix"),
+        env=local,
+    )
+    assert "nothing sent" in again.stderr
+
+    _lmforge("delete", name, env=local)
+    _wait_gone(_container_pid(local, name))
+    with pytest.raises(sm.exceptions.ClientError):
+        sm.describe_endpoint(EndpointName=name)
+
+
+def _wait_gone(pid: int, timeout: float = 40.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def test_deploy_refuses_a_plan_that_does_not_fit(
+    local: dict[str, str], tiny_model: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "too-big"
+    shutil.copytree(tiny_model, model)
+    props = (model / "serving.properties").read_text()
+    (model / "serving.properties").write_text(props + "option.max_rolling_batch_size=100000\n")
+    out = _lmforge(
+        "deploy",
+        str(model),
+        "--endpoint-name",
+        "too-big",
+        "--instance-type",
+        "ml.g5.xlarge",
+        env=local,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "--force" in out.stderr
+
+
+def test_malicious_model_data_is_refused_by_the_runtime(
+    clients: dict[str, Any], local: dict[str, str], tmp_path: Path
+) -> None:
+    """A tarball with a path that climbs out of /opt/ml/model never gets extracted: the endpoint fails."""
+    import io
+    import tarfile
+
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("../../../escaped.txt")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"evil"))
+    s3, sm = clients["s3"], clients["sagemaker"]
+    s3.create_bucket(Bucket="evil-models", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive), "evil-models", "evil/model.tar.gz")
+    sm.create_model(
+        ModelName="evil-model",
+        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
+        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://evil-models/evil/model.tar.gz"},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="evil-config",
+        ProductionVariants=[
+            {
+                "VariantName": "AllTraffic",
+                "ModelName": "evil-model",
+                "InstanceType": "ml.g5.xlarge",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.create_endpoint(EndpointName="evil-endpoint", EndpointConfigName="evil-config")
+    deadline = time.monotonic() + 60
+    while (desc := sm.describe_endpoint(EndpointName="evil-endpoint"))["EndpointStatus"] == "Creating":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert desc["EndpointStatus"] == "Failed"
+    assert "escapes" in desc["FailureReason"]
+    assert not list(Path(local["LMFORGE_LOCAL_DIR"]).parent.rglob("escaped.txt"))
+    sm.delete_endpoint(EndpointName="evil-endpoint")
+
+
+def test_sagemaker_sdk_v2_deploys_and_streams(
+    local: dict[str, str], tiny_model: Path, clients: dict[str, Any]
+) -> None:
+    """examples/sagemaker_sdk_v2.py: Model(image_uri, model_data, role).deploy(...), then
+    predict_stream(..., iterator=LineIterator)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "sagemaker_sdk_v2.py"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(example),
+            str(tiny_model),
+            "--endpoint-name",
+            "sdk-llm",
+            "--instance-type",
+            "ml.g5.2xlarge",
+        ],
+        env=local,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "non-streamed generated_text matches the stream: True" in proc.stderr
+    assert proc.stdout.strip()  # the streamed tokens
+    with pytest.raises(clients["sagemaker"].exceptions.ClientError):
+        clients["sagemaker"].describe_endpoint(EndpointName="sdk-llm")

@@ -1,0 +1,150 @@
+"""Upload (content-addressed, skips known content), naming, images, moto extensions, invoke payloads.
+
+The S3 tests run against moto's server on loopback, through a real boto3 client (the fake is AWS).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from lmforge.artifacts import package_model
+from lmforge.config import ServingConfig
+from lmforge.deploy.endpoints import resource_names
+from lmforge.deploy.images import default_image_uri
+from lmforge.deploy.upload import split_s3_uri, upload_archive, upload_prefix
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    import boto3
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    client = boto3.client(
+        "s3",
+        endpoint_url=f"http://{host}:{port}",
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket="artifacts")
+    yield client
+    server.stop()
+
+
+def _model(tmp_path: Path, size: int = 3000) -> Path:
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "serving.properties").write_text("option.rolling_batch=lmi-dist\n")
+    (folder / "weights.bin").write_bytes(bytes(range(256)) * (size // 256))
+    (folder / "sub" / "adapter.json").write_text("{}")
+    return folder
+
+
+def test_archive_upload_is_content_addressed_and_skips_known_content(s3: Any, tmp_path: Path) -> None:
+    packed = package_model(_model(tmp_path), tmp_path / "model.tar.gz")
+    seen: list[int] = []
+    first = upload_archive(
+        packed.output, packed.sha256, "s3://artifacts/team/llm", s3=s3, progress=seen.append
+    )
+    assert first.uri == f"s3://artifacts/team/llm/{packed.sha256[:16]}/model.tar.gz"
+    assert first.sent_bytes == packed.output.stat().st_size == sum(seen)
+    assert first.model_data() == {"ModelDataUrl": first.uri}
+    body = s3.get_object(Bucket="artifacts", Key=first.uri.split("/", 3)[3])["Body"].read()
+    assert body == packed.output.read_bytes()
+    again = upload_archive(packed.output, packed.sha256, "s3://artifacts/team/llm", s3=s3)
+    assert again.sent_bytes == 0 and again.skipped_files == 1 and again.uri == first.uri
+
+
+def test_prefix_upload_sends_only_changed_files(s3: Any, tmp_path: Path) -> None:
+    folder = _model(tmp_path)
+    first = upload_prefix(folder, "s3://artifacts/pfx", s3=s3)
+    assert first.form == "prefix" and first.uri.endswith("/")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="artifacts", Prefix="pfx/")["Contents"]}
+    base = first.uri[len("s3://artifacts/") :]
+    assert keys == {
+        base + n for n in ("serving.properties", "weights.bin", "sub/adapter.json", "lmforge-manifest.json")
+    }
+    assert first.model_data()["ModelDataSource"]["S3DataSource"] == {
+        "S3Uri": first.uri,
+        "S3DataType": "S3Prefix",
+        "CompressionType": "None",
+    }
+    assert upload_prefix(folder, "s3://artifacts/pfx", s3=s3).sent_bytes == 0
+    (folder / "sub" / "adapter.json").write_text('{"r": 8}')
+    changed = upload_prefix(folder, "s3://artifacts/pfx", s3=s3)
+    assert changed.uri != first.uri  # a new manifest, a new prefix: the old one stays intact
+    assert (
+        changed.sent_bytes
+        == len('{"r": 8}') + (folder / "serving.properties").stat().st_size + 3000 - 3000 % 256
+    )
+
+
+def test_split_s3_uri() -> None:
+    assert split_s3_uri("s3://b/a/b/") == ("b", "a/b")
+    assert split_s3_uri("s3://b") == ("b", "")
+    for bad in ("b/a", "s3:///a", "https://b/a"):
+        with pytest.raises(ValueError, match="s3://"):
+            split_s3_uri(bad)
+
+
+def test_resource_names_fit_sagemaker_limits() -> None:
+    now = datetime(2026, 11, 23, 6, 30, 1, 123456, tzinfo=UTC)
+    assert resource_names("llm", now) == "llm-20261123-063001-123"
+    long = resource_names("x" * 63, now)
+    assert len(long) == 63 and long.endswith("-20261123-063001-123")
+
+
+def test_default_image_follows_backend_region_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LMFORGE_IMAGE_URI", raising=False)
+    vllm = ServingConfig(rolling_batch="vllm")
+    trt = ServingConfig(rolling_batch="trtllm")
+    assert default_image_uri(vllm, "us-west-2").startswith(
+        "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:"
+    )
+    assert "tensorrtllm" in default_image_uri(trt, "eu-west-1")
+    assert default_image_uri(vllm, "cn-north-1").endswith(
+        ".amazonaws.com.cn/djl-inference:" + default_image_uri(vllm, "x").split(":")[-1]
+    )
+    monkeypatch.setenv("LMFORGE_IMAGE_URI", "123.dkr.ecr.us-east-1.amazonaws.com/lmforge:cpu")
+    assert default_image_uri(trt, "us-west-2") == "123.dkr.ecr.us-east-1.amazonaws.com/lmforge:cpu"
+
+
+def test_moto_extensions_fit_the_pinned_moto() -> None:
+    from lmforge.local import moto_ext
+
+    moto_ext.check_compatible()
+    types = moto_ext.instance_types()
+    for name in (
+        "ml.g5.2xlarge",
+        "ml.g6e.12xlarge",
+        "ml.p4d.24xlarge",
+        "ml.p5.48xlarge",
+        "ml.inf2.xlarge",
+        "ml.m5.xlarge",
+    ):
+        assert name in types
+
+
+def test_invoke_payloads() -> None:
+    from lmforge.cli.invoke_cmd import _payload
+
+    assert _payload("hi", None, '{"temperature": 0.5}', 7, True, False) == {
+        "inputs": "hi",
+        "parameters": {"temperature": 0.5, "max_new_tokens": 7, "details": True},
+    }
+    assert _payload("hi", None, None, None, False, True) == {"messages": [{"role": "user", "content": "hi"}]}
+    assert _payload(None, json.dumps({"inputs": "x"}), None, None, False, False) == {"inputs": "x"}
+    with pytest.raises(click.BadParameter, match="not JSON"):
+        _payload(None, "{nope", None, None, False, False)
+    with pytest.raises(click.UsageError, match="PROMPT"):
+        _payload(None, None, None, None, False, False)
