@@ -409,3 +409,91 @@ def test_sagemaker_sdk_v2_deploys_and_streams(
     assert proc.stdout.strip()  # the streamed tokens
     with pytest.raises(clients["sagemaker"].exceptions.ClientError):
         clients["sagemaker"].describe_endpoint(EndpointName="sdk-llm")
+
+
+def test_inference_components(
+    clients: dict[str, Any], local: dict[str, str], tiny_model: Path, tmp_path: Path
+) -> None:
+    """An endpoint for inference components (variants without a model), one component on it,
+    invoked with InferenceComponentName; list, describe, scale, delete."""
+    from lmforge.artifacts import package_model
+
+    s3, sm, smr = clients["s3"], clients["sagemaker"], clients["sagemaker-runtime"]
+    archive = package_model(tiny_model, tmp_path / "model.tar.gz")
+    s3.create_bucket(Bucket="ic-models", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive.output), "ic-models", "base/model.tar.gz")
+    role = local["LMFORGE_ROLE_ARN"]
+    sm.create_model(
+        ModelName="ic-base",
+        ExecutionRoleArn=role,
+        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://ic-models/base/model.tar.gz"},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="ic-config",
+        ExecutionRoleArn=role,
+        ProductionVariants=[
+            {"VariantName": "AllTraffic", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
+        ],
+    )
+    sm.create_endpoint(EndpointName="ic-endpoint", EndpointConfigName="ic-config")
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName="ic-endpoint", WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+    )
+    sm.create_inference_component(
+        InferenceComponentName="ic-llm",
+        EndpointName="ic-endpoint",
+        VariantName="AllTraffic",
+        Specification={
+            "ModelName": "ic-base",
+            "StartupParameters": {"ContainerStartupHealthCheckTimeoutInSeconds": 300},
+            "ComputeResourceRequirements": {
+                "NumberOfAcceleratorDevicesRequired": 1,
+                "MinMemoryRequiredInMb": 1024,
+            },
+        },
+        RuntimeConfig={"CopyCount": 1},
+    )
+    deadline = time.monotonic() + 120
+    while (desc := sm.describe_inference_component(InferenceComponentName="ic-llm"))[
+        "InferenceComponentStatus"
+    ] == "Creating":
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
+    assert desc["Specification"]["ModelName"] == "ic-base"
+    assert desc["RuntimeConfig"] == {"DesiredCopyCount": 1, "CurrentCopyCount": 1}
+    listed = sm.list_inference_components(EndpointNameEquals="ic-endpoint")["InferenceComponents"]
+    assert [c["InferenceComponentName"] for c in listed] == ["ic-llm"]
+
+    body = json.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 6}})
+    with pytest.raises(smr.exceptions.ValidationError, match="Inference Component Name header is required"):
+        smr.invoke_endpoint(EndpointName="ic-endpoint", Body=body, ContentType="application/json")
+    answer = smr.invoke_endpoint(
+        EndpointName="ic-endpoint", InferenceComponentName="ic-llm", Body=body, ContentType="application/json"
+    )
+    text = json.loads(answer["Body"].read())["generated_text"]
+    from lmforge.client import invoke_stream
+
+    streamed = list(invoke_stream("ic-endpoint", json.loads(body), client=smr, inference_component="ic-llm"))
+    assert "".join(o["token"]["text"] for o in streamed) == text
+
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="ic-llm", DesiredRuntimeConfig={"CopyCount": 2}
+    )
+    assert (
+        sm.describe_inference_component(InferenceComponentName="ic-llm")["RuntimeConfig"]["DesiredCopyCount"]
+        == 2
+    )
+    pid = _container_pid(local, "ic-endpoint")
+    sm.delete_inference_component(InferenceComponentName="ic-llm")
+    _wait_gone(pid)
+    with pytest.raises(smr.exceptions.ValidationError, match="not in service"):
+        smr.invoke_endpoint(
+            EndpointName="ic-endpoint",
+            InferenceComponentName="ic-llm",
+            Body=body,
+            ContentType="application/json",
+        )
+    with pytest.raises(sm.exceptions.ClientError, match="Could not find inference component"):
+        sm.describe_inference_component(InferenceComponentName="ic-llm")
+    sm.delete_endpoint(EndpointName="ic-endpoint")

@@ -11,6 +11,7 @@ once in the local SageMaker process (nothing is copied from moto):
 - ``UpdateEndpoint`` (absent in moto): ``Updating`` while the new configuration's containers start,
   then ``InService`` on the new configuration, or back on the old one with a ``FailureReason``;
 - ``DeleteEndpoint`` stops the endpoint's containers;
+- inference components (absent in moto): see :mod:`lmforge.local.inference_components`;
 - wire fidelity: moto echoes empty ``VpcConfig``/``DataCaptureConfig`` objects that the real service
   omits (and that break strict clients); they are dropped from describe responses.
 
@@ -36,6 +37,10 @@ class EndpointHooks(Protocol):
 
     def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None: ...
 
+    def component_created(self, backend: Any, component: Any) -> None: ...
+
+    def component_deleted(self, backend: Any, component: Any) -> None: ...
+
 
 def _moto() -> tuple[Any, Any, Any, Any]:
     from moto.sagemaker import models, responses
@@ -50,7 +55,13 @@ def check_compatible() -> None:
     needed = {
         models.FakeEndpointConfig: ["validate_instance_type"],
         models.FakeEndpoint: ["__init__", "response_object"],
-        backend_cls: ["create_endpoint", "delete_endpoint", "describe_endpoint_config", "describe_model"],
+        backend_cls: [
+            "create_endpoint",
+            "delete_endpoint",
+            "describe_endpoint_config",
+            "describe_model",
+            "validate_production_variants",
+        ],
         responses.SageMakerResponse: ["describe_model", "describe_endpoint_config", "describe_endpoint"],
     }
     missing = [
@@ -153,6 +164,9 @@ def install(hooks: EndpointHooks) -> None:
         return action_result({"EndpointArn": endpoint.arn})
 
     response_cls.update_endpoint = update_endpoint_action
+    from lmforge.local import inference_components
+
+    inference_components.install(backend_cls, response_cls, action_result, validation_error)
     for name in ("describe_model", "describe_endpoint_config", "describe_endpoint"):
         original = getattr(response_cls, name)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -97,12 +98,8 @@ class Route:
     port: int
 
 
-class EndpointNotFound(Exception):
-    pass
-
-
-class EndpointNotReady(Exception):
-    pass
+class RouteError(Exception):
+    """An invocation that cannot be routed; the runtime answers it as a ValidationError."""
 
 
 def _free_port() -> int:
@@ -148,6 +145,7 @@ class Provisioner:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._lock = threading.Lock()
         self._deployments: dict[tuple[str, str, str], Deployment] = {}
+        self._components: dict[tuple[str, str, str], tuple[str, str, Container]] = {}
         self._generation = 0
         self._stopping = False
 
@@ -159,38 +157,128 @@ class Provisioner:
         self._spawn(backend, endpoint, endpoint_config_name, update=True)
 
     def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None:
+        from lmforge.local.inference_components import components
+
         key = (backend.account_id, backend.region_name, endpoint_name)
         with self._lock:
             deployment = self._deployments.pop(key, None)
         if deployment is not None:
             self._stop_later(list(deployment.containers.values()))
+        store = components(backend)
+        for component in [c for c in store.values() if c.endpoint_name == endpoint_name]:
+            del store[component.name]
+            self.component_deleted(backend, component)
+
+    def component_created(self, backend: Any, component: Any) -> None:
+        """A new inference component, or a new specification for one: start its container."""
+        threading.Thread(
+            target=self._provision_component,
+            args=(backend, component),
+            name=f"provision-{component.name}",
+            daemon=True,
+        ).start()
+
+    def component_deleted(self, backend: Any, component: Any) -> None:
+        with self._lock:
+            placed = self._components.pop((backend.account_id, backend.region_name, component.name), None)
+        if placed is not None:
+            self._stop_later([placed[2]])
+
+    def _provision_component(self, backend: Any, component: Any) -> None:
+        from lmforge.local.inference_components import components
+
+        with component.lock:
+            component.generation += 1
+            generation = component.generation
+        updating = component.status == "Updating"
+        spec = component.specification
+        startup = spec.get("StartupParameters") or {}
+        variant = {"VariantName": component.name, **startup}
+        try:
+            if spec.get("BaseInferenceComponentName"):
+                raise ProvisionError(
+                    "adapter inference components (BaseInferenceComponentName) are not emulated by the "
+                    "local SageMaker yet"
+                )
+            container_spec: dict[str, Any] = {}
+            if spec.get("ModelName"):
+                container_spec = self._model_container(backend, spec["ModelName"])
+            extra = spec.get("Container") or {}
+            if extra.get("ArtifactUrl"):
+                container_spec["ModelDataUrl"] = extra["ArtifactUrl"]
+                container_spec.pop("ModelDataSource", None)
+            env = {**(container_spec.get("Environment") or {}), **(extra.get("Environment") or {})}
+            container_spec["Environment"] = env
+            container = self._start_container(component.endpoint_name, variant, container_spec)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, ProvisionError) else f"{type(exc).__name__}: {exc}"
+            if component.generation == generation:
+                component.failure_reason = reason[:FAILURE_REASON_MAX]
+                component.status = "InService" if updating else "Failed"
+            return
+        registered = components(backend).get(component.name)
+        current = registered is not None and registered is component and registered.generation == generation
+        if self._stopping or not current:
+            self._stop_later([container])
+            return
+        key = (backend.account_id, backend.region_name, component.name)
+        with self._lock:
+            old = self._components.get(key)
+            self._components[key] = (component.endpoint_name, component.variant_name, container)
+        component.failure_reason = None
+        component.current_copies = component.copy_count
+        component.status = "InService"
+        if old is not None:
+            self._stop_later([old[2]])
 
     # ----- runtime side
-    def route(self, region: str | None, endpoint_name: str, target_variant: str | None = None) -> Route:
-        """The container for an invocation, or EndpointNotFound / EndpointNotReady."""
+    def route(
+        self,
+        region: str | None,
+        endpoint_name: str,
+        target_variant: str | None = None,
+        component: str | None = None,
+    ) -> Route:
+        """The container for an invocation, or RouteError saying why there is none."""
         with self._lock:
             found = [
                 d
                 for (_, reg, name), d in self._deployments.items()
                 if name == endpoint_name and (region is None or reg == region)
             ]
+            placed = [
+                (account, reg, ep, variant, c)
+                for (account, reg, name), (ep, variant, c) in self._components.items()
+                if name == component and (region is None or reg == region)
+            ]
         if not found:
             if self._known(region, endpoint_name):
-                raise EndpointNotReady(endpoint_name)
-            raise EndpointNotFound(endpoint_name)
+                raise RouteError(f"Endpoint {endpoint_name} is not in service yet; wait for InService.")
+            raise RouteError(f"Endpoint {endpoint_name} of account 123456789012 not found.")
         deployment = found[0]
+        if component is not None:
+            if not placed or placed[0][2] != endpoint_name:
+                raise RouteError(
+                    f"Inference component {component} is not in service on endpoint {endpoint_name}."
+                )
+            account, reg, _, variant, container = placed[0]
+            return Route(account, reg, endpoint_name, deployment.endpoint_arn, variant, container.port)
+        if not deployment.containers:
+            raise RouteError(
+                "Inference Component Name header is required for endpoints to which you plan to deploy "
+                "inference components. Please include Inference Component Name header or consider using "
+                "SageMaker models."
+            )
         live = {v: c for v, c in deployment.containers.items() if c.alive}
-        if not live:
-            raise EndpointNotReady(endpoint_name)
         if target_variant is not None:
             if target_variant not in deployment.containers:
-                raise EndpointNotFound(f"{endpoint_name} has no variant {target_variant!r}")
+                raise RouteError(f"Endpoint {endpoint_name} has no production variant {target_variant!r}.")
             variant = target_variant
+        elif not live:
+            variant = sorted(deployment.containers)[0]  # the runtime reports the dead container
         else:
-            import random
-
             names = sorted(live)
-            weights = [deployment.weights.get(n, 1.0) or 0.0 for n in names]
+            weights = [deployment.weights.get(n, 1.0) for n in names]
             variant = random.choices(names, weights=weights if sum(weights) > 0 else None)[0]
         container = deployment.containers[variant]
         return Route(
@@ -217,7 +305,9 @@ class Provisioner:
         self._stopping = True
         with self._lock:
             containers = [c for d in self._deployments.values() for c in d.containers.values()]
+            containers += [c for _, _, c in self._components.values()]
             self._deployments.clear()
+            self._components.clear()
         threads = [threading.Thread(target=c.stop) for c in containers]
         for t in threads:
             t.start()
@@ -247,6 +337,8 @@ class Provisioner:
             threads: list[threading.Thread] = []
             errors: list[str] = []
             for variant in variants:
+                if not variant.get("ModelName"):
+                    continue  # a variant for inference components: they bring their own containers
                 t = threading.Thread(
                     target=self._start_variant, args=(backend, name, variant, started, errors)
                 )
@@ -299,20 +391,26 @@ class Provisioner:
     ) -> None:
         variant_name = variant["VariantName"]
         try:
-            started[variant_name] = self._start_container(backend, endpoint_name, variant, started)
+            spec = self._model_container(backend, variant["ModelName"])
+            started[variant_name] = self._start_container(endpoint_name, variant, spec)
         except ProvisionError as exc:
             errors.append(str(exc))
         except Exception as exc:
             errors.append(f"production variant {variant_name}: {type(exc).__name__}: {exc}")
 
-    def _start_container(
-        self, backend: Any, endpoint_name: str, variant: dict[str, Any], started: dict[str, Container]
-    ) -> Container:
-        variant_name = variant["VariantName"]
-        model = backend.describe_model(variant["ModelName"])
+    @staticmethod
+    def _model_container(backend: Any, model_name: str) -> dict[str, Any]:
+        model = backend.describe_model(model_name)
         spec = model.primary_container or (model.containers[0] if model.containers else None)
         if not spec:
-            raise ProvisionError(f"model {variant['ModelName']} has no container definition")
+            raise ProvisionError(f"model {model_name} has no container definition")
+        return dict(spec)
+
+    def _start_container(
+        self, endpoint_name: str, variant: dict[str, Any], spec: Mapping[str, Any]
+    ) -> Container:
+        """Fetch the model data, start ``lmforge serve`` and wait for ``/ping``; ProvisionError otherwise."""
+        variant_name = variant["VariantName"]
         with self._lock:
             self._generation += 1
             generation = self._generation

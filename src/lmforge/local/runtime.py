@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from lmforge.aws.eventstream import model_stream_error, payload_part
-from lmforge.local.provisioner import EndpointNotFound, EndpointNotReady, Provisioner, Route
+from lmforge.local.provisioner import Provisioner, Route, RouteError
 
 log = logging.getLogger("lmforge.local.runtime")
 
@@ -145,16 +145,13 @@ class _Handler(BaseHTTPRequestHandler):
         region = match.group(1) if match else None
         try:
             return self.server.provisioner.route(
-                region, name, self.headers.get("X-Amzn-SageMaker-Target-Variant")
+                region,
+                name,
+                self.headers.get("X-Amzn-SageMaker-Target-Variant"),
+                self.headers.get("X-Amzn-SageMaker-Inference-Component"),
             )
-        except EndpointNotFound:
-            raise _Reject(
-                400, "ValidationError", f"Endpoint {name} of account 123456789012 not found."
-            ) from None
-        except EndpointNotReady:
-            raise _Reject(
-                400, "ValidationError", f"Endpoint {name} is not in service yet; wait for InService."
-            ) from None
+        except RouteError as exc:
+            raise _Reject(400, "ValidationError", str(exc)) from None
 
     def _container_request(
         self, route: Route, body: bytes, accept: str | None, timeout: float
