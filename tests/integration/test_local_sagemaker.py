@@ -497,3 +497,20 @@ def test_inference_components(
     with pytest.raises(sm.exceptions.ClientError, match="Could not find inference component"):
         sm.describe_inference_component(InferenceComponentName="ic-llm")
     sm.delete_endpoint(EndpointName="ic-endpoint")
+
+
+def test_upload_prints_model_data_and_skips_known_content(local: dict[str, str], tiny_model: Path) -> None:
+    first = _lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
+    data = json.loads(first.stdout)
+    assert data["ModelDataUrl"].startswith("s3://uploads-test/models/") and data["ModelDataUrl"].endswith(
+        ".tar.gz"
+    )
+    assert "created bucket s3://uploads-test" in first.stderr
+    again = _lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
+    assert json.loads(again.stdout) == data and "nothing sent" in again.stderr
+    prefix = json.loads(
+        _lmforge(
+            "upload", str(tiny_model), "s3://uploads-test/m", "--artifact-format", "prefix", env=local
+        ).stdout
+    )
+    assert prefix["ModelDataSource"]["S3DataSource"]["CompressionType"] == "None"

@@ -22,12 +22,14 @@ def _register() -> None:
     from lmforge.cli.package_cmd import package_command
     from lmforge.cli.plan_cmd import plan_command
     from lmforge.cli.serve_cmd import serve_command
+    from lmforge.cli.upload_cmd import upload_command
 
     main.add_command(serve_command)
     main.add_command(example_model_command)
     main.add_command(config_group)
     main.add_command(package_command)
     main.add_command(plan_command)
+    main.add_command(upload_command)
     main.add_command(local_group)
     main.add_command(deploy_command)
     main.add_command(wait_command)

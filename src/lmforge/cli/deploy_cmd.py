@@ -8,30 +8,14 @@ AWS by default, the local SageMaker after ``eval "$(lmforge local up --print-env
 from __future__ import annotations
 
 import os
-import sys
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
 from lmforge.cli.local_cmd import where
-
-
-def _echo(message: str) -> None:
-    click.echo(message, err=True)
-
-
-@contextmanager
-def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
-    with click.progressbar(length=max(total, 1), label=label, file=sys.stderr, show_pos=False) as bar:
-
-        def advance(n: int) -> None:
-            bar.update(n)
-
-        yield advance
+from lmforge.cli.progress import note as _echo
+from lmforge.cli.upload_cmd import ARTIFACT_FORMAT, default_bucket, region_or_fail, upload_model
 
 
 def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -42,15 +26,6 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--env")
         out[key] = value
     return out
-
-
-def _region(explicit: str | None) -> str:
-    import boto3
-
-    region = explicit or boto3.session.Session().region_name
-    if not region:
-        raise click.UsageError("no AWS region: pass --region or set AWS_DEFAULT_REGION")
-    return str(region)
 
 
 @click.command("deploy")
@@ -66,13 +41,7 @@ def _region(explicit: str | None) -> str:
 @click.option(
     "--image-uri", help="Container image [default: $LMFORGE_IMAGE_URI, else the matching LMI image]."
 )
-@click.option(
-    "--artifact-format",
-    type=click.Choice(["auto", "tar.gz", "prefix"]),
-    default="auto",
-    show_default=True,
-    help="model.tar.gz, or an uncompressed S3 prefix (auto: prefix above 1 GiB).",
-)
+@ARTIFACT_FORMAT
 @click.option(
     "--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Container environment (repeat)."
 )
@@ -128,7 +97,7 @@ def deploy_command(
     except ConfigError as exc:
         _echo(f"error: invalid configuration:\n{exc}")
         raise SystemExit(2) from None
-    region = _region(region)
+    region = region_or_fail(region)
     _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
 
     plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
@@ -146,7 +115,8 @@ def deploy_command(
         existing = describe_endpoint(sm, endpoint_name)
         if existing is not None and existing["EndpointStatus"] == "Failed" and replace:
             delete_endpoint(sm, endpoint_name, echo=_echo)
-        upload = _upload(model_dir, region, bucket, s3_prefix, artifact_format)
+        target = f"s3://{bucket or default_bucket(region)}/{s3_prefix.strip('/')}"
+        upload = upload_model(model_dir, target, region, artifact_format, step="[3/5]")
         spec = EndpointSpec(
             endpoint_name=endpoint_name,
             instance_type=instance_type,
@@ -165,11 +135,11 @@ def deploy_command(
     except DeployError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
-        raise _aws_error(exc) from None
+        raise aws_error(exc) from None
     _report(result, no_wait)
 
 
-def _aws_error(exc: Exception) -> Exception:
+def aws_error(exc: Exception) -> Exception:
     """A boto3/botocore failure as a one-line CLI error; anything else unchanged."""
     from botocore.exceptions import NoCredentialsError
 
@@ -207,61 +177,6 @@ def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path |
             raise SystemExit(1)
         _echo("warning: deploying although the plan does not fit (--force)")
     return plan
-
-
-def _upload(model_dir: Path, region: str, bucket: str | None, s3_prefix: str, artifact_format: str) -> Any:
-    import boto3
-
-    from lmforge.artifacts import PackageError, package_model, scan_model_folder
-    from lmforge.deploy.upload import (
-        PREFIX_THRESHOLD_BYTES,
-        ensure_bucket,
-        s3_client,
-        upload_archive,
-        upload_prefix,
-    )
-
-    s3 = s3_client(region)
-    if bucket is None:
-        account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
-        bucket = f"sagemaker-{region}-{account}"
-    if ensure_bucket(s3, bucket, region):
-        _echo(f"      created bucket s3://{bucket}")
-    target = f"s3://{bucket}/{s3_prefix.strip('/')}"
-    try:
-        scanned = scan_model_folder(model_dir)
-        total = sum(f.size for _, f in scanned)
-        form = artifact_format
-        if form == "auto":
-            form = "prefix" if total > PREFIX_THRESHOLD_BYTES else "tar.gz"
-        if form == "prefix":
-            _echo(f"[3/5] uploading {len(scanned)} files ({total / 2**20:.1f} MB) uncompressed to {target}/")
-            with _bar("      upload", total) as advance:
-                result = upload_prefix(model_dir, target, s3=s3, progress=advance)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                archive = Path(tmp) / "model.tar.gz"
-                with _bar("[3/5] packing", total) as advance:
-                    done = [0]
-
-                    def packed(n: int, _total: int) -> None:
-                        advance(n - done[0])
-                        done[0] = n
-
-                    packaged = package_model(model_dir, archive, progress=packed)
-                size = archive.stat().st_size
-                _echo(f"      model.tar.gz {size / 2**20:.1f} MB, sha256 {packaged.sha256[:16]}")
-                with _bar("      upload", size) as advance:
-                    result = upload_archive(archive, packaged.sha256, target, s3=s3, progress=advance)
-    except PackageError as exc:
-        raise click.ClickException(str(exc)) from None
-    note = (
-        "already there, nothing sent"
-        if result.sent_bytes == 0
-        else f"{result.sent_bytes / 2**20:.1f} MB sent"
-    )
-    _echo(f"      {result.uri} ({note})")
-    return result
 
 
 def _report(result: Any, no_wait: bool) -> None:
@@ -305,9 +220,9 @@ def wait_command(endpoint_name: str, region: str | None) -> None:
     from lmforge.deploy.endpoints import sagemaker_client, wait_for_endpoint
 
     try:
-        description = wait_for_endpoint(sagemaker_client(_region(region)), endpoint_name, echo=_echo)
+        description = wait_for_endpoint(sagemaker_client(region_or_fail(region)), endpoint_name, echo=_echo)
     except Exception as exc:
-        raise _aws_error(exc) from None
+        raise aws_error(exc) from None
     click.echo(f"{endpoint_name}: {description['EndpointStatus']}")
     if description["EndpointStatus"] != "InService":
         _echo(f"FailureReason: {description.get('FailureReason', 'no reason given')}")
@@ -323,11 +238,13 @@ def delete_command(endpoint_name: str, keep_config: bool, region: str | None) ->
     from lmforge.deploy.endpoints import DeployError, delete_endpoint, sagemaker_client
 
     try:
-        delete_endpoint(sagemaker_client(_region(region)), endpoint_name, keep_config=keep_config, echo=_echo)
+        delete_endpoint(
+            sagemaker_client(region_or_fail(region)), endpoint_name, keep_config=keep_config, echo=_echo
+        )
     except DeployError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
-        raise _aws_error(exc) from None
+        raise aws_error(exc) from None
     _echo(
         "Artifacts in S3 are kept (content-addressed); remove them with `aws s3 rm --recursive` if unneeded."
     )

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
+
+from lmforge.cli.progress import progress_to
 
 
 @click.command("package")
@@ -23,18 +24,16 @@ def package_command(model_dir: Path, output: Path | None) -> None:
     from lmforge.artifacts import PackageError, package_model
 
     out = output or Path("model.tar.gz")
-    with click.progressbar(length=1, label=f"packing {model_dir}", file=sys.stderr) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.length = max(total, 1)
-            bar.update(done - bar.pos)
-
-        try:
-            result = package_model(model_dir, out, progress=progress)
-        except PackageError as exc:
-            raise click.ClickException(str(exc)) from None
+    try:
+        with progress_to(f"packing {model_dir}") as report:
+            result = package_model(model_dir, out, progress=report)
+    except PackageError as exc:
+        raise click.ClickException(str(exc)) from None
     mb = result.total_bytes / 2**20
     click.echo(
         f"wrote {result.output} ({len(result.files)} files, {mb:.1f} MB, sha256 {result.sha256[:16]}...)"
     )
-    click.echo("Next: upload it to S3 and deploy it, or inspect it with: tar -tzvf " + str(result.output))
+    click.echo(
+        f"Next: lmforge deploy {model_dir} --endpoint-name NAME --instance-type TYPE (packs and uploads"
+    )
+    click.echo(f"      it for you), or inspect it with: tar -tzvf {result.output}")
