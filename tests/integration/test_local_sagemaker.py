@@ -215,6 +215,26 @@ def test_container_death_mid_stream_is_a_model_stream_error(
     _lmforge("delete", name, env=local)
 
 
+def _boto3_endpoint(clients: dict[str, Any], role: str, name: str, archive: Path, instance_type: str) -> None:
+    """Upload ``archive`` and create model, endpoint config and endpoint ``name`` with plain boto3."""
+    s3, sm = clients["s3"], clients["sagemaker"]
+    s3.create_bucket(Bucket=f"{name}-models", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive), f"{name}-models", "model.tar.gz")
+    sm.create_model(
+        ModelName=f"{name}-model",
+        ExecutionRoleArn=role,
+        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": f"s3://{name}-models/model.tar.gz"},
+    )
+    variant = {
+        "VariantName": "AllTraffic",
+        "ModelName": f"{name}-model",
+        "InstanceType": instance_type,
+        "InitialInstanceCount": 1,
+    }
+    sm.create_endpoint_config(EndpointConfigName=f"{name}-config", ProductionVariants=[variant])
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-config")
+
+
 def test_invalid_model_ends_failed_with_a_reason(
     clients: dict[str, Any], local: dict[str, str], tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -225,26 +245,8 @@ def test_invalid_model_ends_failed_with_a_reason(
     shutil.copytree(tiny_model, bad)
     (bad / "serving.properties").write_text("option.max_rolling_batch_size=lots\n")
     archive = package_model(bad, tmp_path / "model.tar.gz", validate=False)
-    s3, sm = clients["s3"], clients["sagemaker"]
-    s3.create_bucket(Bucket="failing-models", CreateBucketConfiguration={"LocationConstraint": REGION})
-    s3.upload_file(str(archive.output), "failing-models", "bad/model.tar.gz")
-    sm.create_model(
-        ModelName="bad-model",
-        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
-        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://failing-models/bad/model.tar.gz"},
-    )
-    sm.create_endpoint_config(
-        EndpointConfigName="bad-config",
-        ProductionVariants=[
-            {
-                "VariantName": "AllTraffic",
-                "ModelName": "bad-model",
-                "InstanceType": "ml.g6.xlarge",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
-    sm.create_endpoint(EndpointName="bad-endpoint", EndpointConfigName="bad-config")
+    sm = clients["sagemaker"]
+    _boto3_endpoint(clients, local["LMFORGE_ROLE_ARN"], "bad-endpoint", archive.output, "ml.g6.xlarge")
     assert sm.describe_endpoint(EndpointName="bad-endpoint")["EndpointStatus"] == "Creating"
     with pytest.raises(Exception, match="Failed"):
         sm.get_waiter("endpoint_in_service").wait(
@@ -353,26 +355,8 @@ def test_malicious_model_data_is_refused_by_the_runtime(
         info = tarfile.TarInfo("../../../escaped.txt")
         info.size = 4
         tar.addfile(info, io.BytesIO(b"evil"))
-    s3, sm = clients["s3"], clients["sagemaker"]
-    s3.create_bucket(Bucket="evil-models", CreateBucketConfiguration={"LocationConstraint": REGION})
-    s3.upload_file(str(archive), "evil-models", "evil/model.tar.gz")
-    sm.create_model(
-        ModelName="evil-model",
-        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
-        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://evil-models/evil/model.tar.gz"},
-    )
-    sm.create_endpoint_config(
-        EndpointConfigName="evil-config",
-        ProductionVariants=[
-            {
-                "VariantName": "AllTraffic",
-                "ModelName": "evil-model",
-                "InstanceType": "ml.g5.xlarge",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
-    sm.create_endpoint(EndpointName="evil-endpoint", EndpointConfigName="evil-config")
+    sm = clients["sagemaker"]
+    _boto3_endpoint(clients, local["LMFORGE_ROLE_ARN"], "evil-endpoint", archive, "ml.g5.xlarge")
     deadline = time.monotonic() + 60
     while (desc := sm.describe_endpoint(EndpointName="evil-endpoint"))["EndpointStatus"] == "Creating":
         assert time.monotonic() < deadline

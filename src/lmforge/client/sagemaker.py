@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from lmforge.client.stream import iter_stream_objects
 
@@ -31,7 +31,10 @@ def runtime_client(region: str | None = None) -> Any:
     )
 
 
-def _body(payload: Mapping[str, Any] | bytes | str) -> bytes:
+Payload = Mapping[str, Any] | bytes | str
+
+
+def _body(payload: Payload) -> bytes:
     if isinstance(payload, bytes):
         return payload
     if isinstance(payload, str):
@@ -39,20 +42,44 @@ def _body(payload: Mapping[str, Any] | bytes | str) -> bytes:
     return json.dumps(payload).encode("utf-8")
 
 
-def _optional(**kwargs: str | None) -> dict[str, str]:
-    return {k: v for k, v in kwargs.items() if v is not None}
+class InvokeOptions(TypedDict, total=False):
+    """Keyword options of :func:`invoke` and :func:`invoke_stream` (boto3's names in brackets)."""
+
+    client: Any
+    """A ``sagemaker-runtime`` client [default: :func:`runtime_client`]."""
+    content_type: str | None
+    """[ContentType] default ``application/json``."""
+    accept: str | None
+    """[Accept] e.g. ``text/event-stream`` for SSE."""
+    custom_attributes: str | None
+    """[CustomAttributes]"""
+    inference_component: str | None
+    """[InferenceComponentName]"""
+    target_variant: str | None
+    """[TargetVariant]"""
+
+
+_BOTO_NAMES = {
+    "accept": "Accept",
+    "custom_attributes": "CustomAttributes",
+    "inference_component": "InferenceComponentName",
+    "target_variant": "TargetVariant",
+}
+
+
+def _call(operation: str, endpoint_name: str, payload: Payload, options: InvokeOptions) -> Any:
+    client = options.get("client") or runtime_client()
+    extra = {boto: options[key] for key, boto in _BOTO_NAMES.items() if options.get(key) is not None}  # type: ignore[literal-required]
+    return getattr(client, operation)(
+        EndpointName=endpoint_name,
+        Body=_body(payload),
+        ContentType=options.get("content_type") or "application/json",
+        **extra,
+    )
 
 
 def invoke_stream(
-    endpoint_name: str,
-    payload: Mapping[str, Any] | bytes | str,
-    *,
-    client: Any = None,
-    content_type: str = "application/json",
-    accept: str | None = None,
-    custom_attributes: str | None = None,
-    inference_component: str | None = None,
-    target_variant: str | None = None,
+    endpoint_name: str, payload: Payload, **options: Unpack[InvokeOptions]
 ) -> Iterator[dict[str, Any]]:
     """Stream ``payload`` through ``invoke_endpoint_with_response_stream``; yields each JSON line.
 
@@ -60,45 +87,13 @@ def invoke_stream(
     """
     if isinstance(payload, Mapping) and "stream" not in payload:
         payload = {**payload, "stream": True}
-    client = client or runtime_client()
-    response = client.invoke_endpoint_with_response_stream(
-        EndpointName=endpoint_name,
-        Body=_body(payload),
-        ContentType=content_type,
-        **_optional(
-            Accept=accept,
-            CustomAttributes=custom_attributes,
-            InferenceComponentName=inference_component,
-            TargetVariant=target_variant,
-        ),
-    )
+    response = _call("invoke_endpoint_with_response_stream", endpoint_name, payload, options)
     yield from iter_stream_objects(response["Body"])
 
 
-def invoke(
-    endpoint_name: str,
-    payload: Mapping[str, Any] | bytes | str,
-    *,
-    client: Any = None,
-    content_type: str = "application/json",
-    accept: str | None = None,
-    custom_attributes: str | None = None,
-    inference_component: str | None = None,
-    target_variant: str | None = None,
-) -> Any:
+def invoke(endpoint_name: str, payload: Payload, **options: Unpack[InvokeOptions]) -> Any:
     """One ``invoke_endpoint`` call; returns the decoded JSON answer."""
-    client = client or runtime_client()
-    response = client.invoke_endpoint(
-        EndpointName=endpoint_name,
-        Body=_body(payload),
-        ContentType=content_type,
-        **_optional(
-            Accept=accept,
-            CustomAttributes=custom_attributes,
-            InferenceComponentName=inference_component,
-            TargetVariant=target_variant,
-        ),
-    )
+    response = _call("invoke_endpoint", endpoint_name, payload, options)
     return json.loads(response["Body"].read())
 
 
