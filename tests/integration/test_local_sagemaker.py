@@ -212,6 +212,17 @@ def test_container_death_mid_stream_is_a_model_stream_error(
         for _ in events:
             pass
     assert info.value.response["Error"]["Code"] == "ModelStreamError"
+    # SageMaker replaces a failed instance: the container comes back; meanwhile calls are ModelErrors
+    body = json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 2}})
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            smr.invoke_endpoint(EndpointName=name, Body=body, ContentType="application/json")
+            break
+        except smr.exceptions.ModelError:
+            assert time.monotonic() < deadline, "the container was not restarted"
+            time.sleep(0.5)
+    assert clients["sagemaker"].describe_endpoint(EndpointName=name)["EndpointStatus"] == "InService"
     _lmforge("delete", name, env=local)
 
 
@@ -259,7 +270,20 @@ def test_invalid_model_ends_failed_with_a_reason(
         clients["sagemaker-runtime"].invoke_endpoint(
             EndpointName="bad-endpoint", Body=b"{}", ContentType="application/json"
         )
-    sm.delete_endpoint(EndpointName="bad-endpoint")
+    refused = _lmforge(
+        *("deploy", str(tiny_model), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
+        env=local,
+        check=False,
+    )
+    assert refused.returncode == 1 and "--replace" in refused.stderr
+    assert "[3/5]" not in refused.stderr  # refused before packing or uploading anything
+    replaced = _lmforge(
+        *("deploy", str(tiny_model), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
+        "--replace",
+        env=local,
+    )
+    assert "bad-endpoint: InService (created)" in replaced.stdout
+    _lmforge("delete", "bad-endpoint", env=local)
 
 
 def test_update_then_delete(
@@ -498,3 +522,91 @@ def test_upload_prints_model_data_and_skips_known_content(local: dict[str, str],
         ).stdout
     )
     assert prefix["ModelDataSource"]["S3DataSource"]["CompressionType"] == "None"
+
+
+def test_names_sagemaker_refuses_are_refused(
+    clients: dict[str, Any], local: dict[str, str], tiny_model: Path
+) -> None:
+    sm = clients["sagemaker"]
+    with pytest.raises(sm.exceptions.ClientError, match="regular expression"):
+        sm.create_endpoint(EndpointName="../../escape", EndpointConfigName="whatever")
+    with pytest.raises(sm.exceptions.ClientError, match="variantName"):
+        sm.create_endpoint_config(
+            EndpointConfigName="ok-name",
+            ProductionVariants=[{"VariantName": "../x", "ModelName": "m", "InstanceType": "ml.g5.xlarge"}],
+        )
+    out = _lmforge(
+        "deploy",
+        str(tiny_model),
+        "--endpoint-name",
+        "under_score",
+        "--instance-type",
+        "ml.g5.xlarge",
+        env=local,
+        check=False,
+    )
+    assert out.returncode == 2 and "--endpoint-name" in out.stderr
+
+
+def test_runtime_refuses_malformed_requests(
+    endpoint: str, local: dict[str, str], clients: dict[str, Any]
+) -> None:
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(local["AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME"])
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    conn.putrequest("POST", f"/endpoints/{endpoint}/invocations")
+    conn.putheader("Content-Length", "abc")
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 400 and resp.getheader("x-amzn-ErrorType") == "ValidationError"
+    conn.close()
+    smr = clients["sagemaker-runtime"]
+    with pytest.raises(smr.exceptions.ValidationError, match="no production variant 'Nope'"):
+        smr.invoke_endpoint(
+            EndpointName=endpoint, Body=b"{}", ContentType="application/json", TargetVariant="Nope"
+        )
+
+
+def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
+    """A busy port fails fast; two `up` at once share one server; a crashed server's containers are
+    stopped by the next `up`."""
+    import socket
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base.update(TEST_ENV)
+    base["AWS_DEFAULT_REGION"] = REGION
+    state = tmp_path / "state"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        out = _lmforge("local", "up", "--state-dir", str(state), "--port", str(port), env=base, check=False)
+        assert out.returncode == 1 and "in use" in out.stderr and time.monotonic() - started < 20
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "lmforge", "local", "up", "--state-dir", str(state), "--print-env"],
+            env=base,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    envs = [_parse_exports(o) for o in outs]
+    assert envs[0]["AWS_ENDPOINT_URL"] == envs[1]["AWS_ENDPOINT_URL"]
+    env = {**base, **envs[0]}
+    _lmforge(
+        "deploy", str(tiny_model), "--endpoint-name", "orphan", "--instance-type", "ml.g5.xlarge", env=env
+    )
+    server_pid = json.loads((state / "state.json").read_text())["pid"]
+    container_pid = _container_pid(env, "orphan")
+    os.kill(server_pid, signal.SIGKILL)
+    _wait_gone(server_pid)
+    again = _parse_exports(_lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base).stdout)
+    _wait_gone(container_pid, timeout=10)
+    assert not (state / "endpoints" / "orphan").exists()
+    _lmforge("local", "down", "--state-dir", str(state), env={**base, **again})

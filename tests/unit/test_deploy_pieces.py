@@ -120,10 +120,11 @@ def test_default_image_follows_backend_region_and_override(monkeypatch: pytest.M
 
 
 def test_moto_extensions_fit_the_pinned_moto() -> None:
+    from lmforge.deploy.instances import sagemaker_instance_types
     from lmforge.local import moto_ext
 
     moto_ext.check_compatible()
-    types = moto_ext.instance_types()
+    types = sagemaker_instance_types()
     for name in (
         "ml.g5.2xlarge",
         "ml.g6e.12xlarge",

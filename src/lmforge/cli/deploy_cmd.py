@@ -80,6 +80,7 @@ def deploy_command(
     no_wait: bool,
 ) -> None:
     """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it."""
+    from lmforge.aws.names import name_problem
     from lmforge.config import ConfigError, load_config
     from lmforge.deploy.endpoints import (
         DeployError,
@@ -87,11 +88,14 @@ def deploy_command(
         delete_endpoint,
         deploy_endpoint,
         describe_endpoint,
+        preflight,
         sagemaker_client,
     )
     from lmforge.deploy.images import default_image_uri
 
     environment = _env_pairs(env_items)
+    if problem := name_problem("endpointName", endpoint_name):
+        raise click.BadParameter(problem, param_hint="--endpoint-name")
     try:
         resolved = load_config(model_dir, env={})
     except ConfigError as exc:
@@ -115,6 +119,7 @@ def deploy_command(
         existing = describe_endpoint(sm, endpoint_name)
         if existing is not None and existing["EndpointStatus"] == "Failed" and replace:
             delete_endpoint(sm, endpoint_name, echo=_echo)
+        preflight(sm, endpoint_name)  # refuse before uploading anything
         target = f"s3://{bucket or default_bucket(region)}/{s3_prefix.strip('/')}"
         upload = upload_model(model_dir, target, region, artifact_format, step="[3/5]")
         spec = EndpointSpec(
@@ -162,8 +167,13 @@ def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path |
     except PlanError as exc:
         _echo(f"[2/5] plan skipped: {exc}")
         return None
-    except ValueError as exc:  # an unknown instance type
-        raise click.UsageError(str(exc)) from None
+    except ValueError as exc:  # not in the planning table
+        from lmforge.deploy.instances import sagemaker_instance_types
+
+        if instance_type not in sagemaker_instance_types():
+            raise click.UsageError(str(exc)) from None
+        _echo(f"[2/5] plan skipped: lmforge does not know the memory of {instance_type} (not in its table)")
+        return None
     _echo("[2/5] plan")
     for line in plan.render().splitlines():
         _echo("      " + line)
@@ -193,7 +203,10 @@ def _report(result: Any, no_wait: bool) -> None:
         _echo(f"  lmforge delete {name}      # stop paying for it")
         return
     reason = result.description.get("FailureReason") or "no reason given"
-    click.echo(f"{name}: {result.status}", err=False)
+    if result.updated and result.status == "InService":
+        click.echo(f"{name}: update failed (still serving {result.description.get('EndpointConfigName')})")
+    else:
+        click.echo(f"{name}: {result.status}")
     _echo(f"FailureReason: {reason}")
     _echo("")
     _echo("What to do:")

@@ -87,10 +87,12 @@ def invoke_command(
                 custom_attributes=custom_attributes,
                 inference_component=inference_component,
             )
-            if details or not isinstance(answer, dict) or "generated_text" not in answer:
-                click.echo(json.dumps(answer, indent=2))
-            else:
-                click.echo(answer["generated_text"])
+            if not isinstance(answer, dict) or "generated_text" not in answer:
+                click.echo(json.dumps(answer, indent=2))  # not LMI's schema (e.g. chat): print it whole
+                return
+            click.echo(answer["generated_text"])
+            if details and answer.get("details") is not None:
+                click.echo(json.dumps(answer["details"], indent=2), err=True)
             return
         final: dict[str, Any] | None = None
         for obj in invoke_stream(

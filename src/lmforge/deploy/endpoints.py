@@ -82,6 +82,27 @@ def describe_endpoint(sm: Any, name: str) -> dict[str, Any] | None:
         raise
 
 
+def preflight(sm: Any, endpoint_name: str) -> dict[str, Any] | None:
+    """The existing endpoint (None if new) after checking a deploy can go on; DeployError otherwise."""
+    from lmforge.aws.names import name_problem
+
+    if problem := name_problem("endpointName", endpoint_name):
+        raise DeployError(f"--endpoint-name {endpoint_name!r}: {problem}")
+    existing = describe_endpoint(sm, endpoint_name)
+    if existing is None or existing["EndpointStatus"] == "InService":
+        return existing
+    status = existing["EndpointStatus"]
+    if status == "Failed":
+        raise DeployError(
+            f"endpoint {endpoint_name} exists and is Failed "
+            f"({existing.get('FailureReason', 'no reason given')}); a failed endpoint cannot be "
+            f"updated: run `lmforge delete {endpoint_name}` first, or pass --replace"
+        )
+    raise DeployError(
+        f"endpoint {endpoint_name} is {status}; wait until it is InService (or delete it) and retry"
+    )
+
+
 def resource_names(endpoint_name: str, now: datetime | None = None) -> str:
     """``<endpoint>-<UTC timestamp>``, at most 63 characters (SageMaker's name limit)."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S-%f")[:-3]
@@ -97,18 +118,7 @@ def deploy_endpoint(
     poll_s: float = 5.0,
     timeout_s: float = 3 * 3600,
 ) -> DeployResult:
-    existing = describe_endpoint(sm, spec.endpoint_name)
-    if existing is not None and existing["EndpointStatus"] not in ("InService",):
-        status = existing["EndpointStatus"]
-        if status == "Failed":
-            raise DeployError(
-                f"endpoint {spec.endpoint_name} exists and is Failed "
-                f"({existing.get('FailureReason', 'no reason given')}); a failed endpoint cannot be "
-                f"updated: run `lmforge delete {spec.endpoint_name}` first, or pass --replace"
-            )
-        raise DeployError(
-            f"endpoint {spec.endpoint_name} is {status}; wait until it is InService (or delete it) and retry"
-        )
+    existing = preflight(sm, spec.endpoint_name)
     name = resource_names(spec.endpoint_name)
     tags = [{"Key": k, "Value": v} for k, v in {"lmforge:endpoint": spec.endpoint_name, **spec.tags}.items()]
     container: dict[str, Any] = {"Image": spec.image_uri, **spec.model_data}
@@ -156,7 +166,10 @@ def wait_for_endpoint(
     started = time.monotonic()
     last = None
     while True:
-        description = dict(sm.describe_endpoint(EndpointName=name))
+        found = describe_endpoint(sm, name)
+        if found is None:
+            raise DeployError(f"endpoint {name} does not exist")
+        description = found
         status = description["EndpointStatus"]
         elapsed = time.monotonic() - started
         if status != last:

@@ -10,6 +10,7 @@ lmforge's GPU backends do not run on them (they need the LMI NeuronX container).
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 
 #: Accelerators lmforge's GPU backends cannot use.
@@ -172,6 +173,16 @@ INSTANCES: tuple[InstanceType, ...] = (
 )
 
 _BY_NAME: dict[str, InstanceType] = {i.name: i for i in INSTANCES}
+
+
+@functools.cache
+def sagemaker_instance_types() -> tuple[str, ...]:
+    """Every real-time instance type SageMaker accepts, from the installed botocore's service model
+    (wider than the planning table above, which only lists types lmforge knows the memory of)."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    return tuple(model.shape_for("ProductionVariantInstanceType").enum)
 
 
 def instance_names() -> list[str]:

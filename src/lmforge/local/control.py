@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -107,10 +108,18 @@ def up(
     timeout_s: float = 60.0,
 ) -> tuple[LocalState, bool]:
     """Start the local SageMaker in the background (or find the running one); returns (state, started)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "up.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two `up` at once find one server, not start two
+        return _up_locked(directory, host, port, runtime_port, timeout_s)
+
+
+def _up_locked(
+    directory: Path, host: str, port: int, runtime_port: int, timeout_s: float
+) -> tuple[LocalState, bool]:
     existing = read_state(directory)
     if existing is not None:
         return existing, False
-    directory.mkdir(parents=True, exist_ok=True)
     log_path = directory / "local.log"
     cmd = [
         sys.executable,
@@ -132,14 +141,21 @@ def up(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
-            raise LocalError(f"the local SageMaker exited with code {process.returncode}:\n{tail}")
+            raise LocalError(f"the local SageMaker did not start: {_last_error(log_path)} (log: {log_path})")
         state = read_state(directory)
         if state is not None and state.pid == process.pid:
             return state, True
         time.sleep(0.2)
-    process.terminate()
+    process.kill()
+    process.wait()
     raise LocalError(f"the local SageMaker did not start within {timeout_s:.0f} s; see {log_path}")
+
+
+def _last_error(log_path: Path) -> str:
+    """The most telling line of a failed start: the last ERROR line, or the last line."""
+    lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if " ERROR " in line or "Error" in line]
+    return (errors or lines or ["no output"])[-1]
 
 
 def down(directory: Path, *, timeout_s: float = 45.0) -> bool:

@@ -107,6 +107,10 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
         name = self._get_param("InferenceComponentName")
         endpoint_name = self._get_param("EndpointName")
         spec = self._get_param("Specification") or {}
+        from lmforge.aws.names import name_problem
+
+        if problem := name_problem("inferenceComponentName", name):
+            raise validation_error(problem)
         if name in components(backend):
             raise validation_error(f'Cannot create already existing inference component "{name}".')
         endpoint = backend.endpoints.get(endpoint_name)

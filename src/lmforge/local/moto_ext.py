@@ -21,7 +21,6 @@ once in the local SageMaker process (nothing is copied from moto):
 from __future__ import annotations
 
 import difflib
-import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -54,13 +53,15 @@ def check_compatible() -> None:
     models, responses, _, backend_cls = _moto()
     needed = {
         models.FakeEndpointConfig: ["validate_instance_type"],
-        models.FakeEndpoint: ["__init__", "response_object"],
+        models.FakeEndpoint: ["__init__", "response_object", "_process_production_variants"],
         backend_cls: [
             "create_endpoint",
             "delete_endpoint",
             "describe_endpoint_config",
             "describe_model",
             "validate_production_variants",
+            "create_endpoint_config",
+            "create_model",
         ],
         responses.SageMakerResponse: ["describe_model", "describe_endpoint_config", "describe_endpoint"],
     }
@@ -76,18 +77,11 @@ def check_compatible() -> None:
         )
 
 
-@functools.cache
-def instance_types() -> tuple[str, ...]:
-    """Every real-time instance type the installed botocore knows."""
-    import botocore.session
-
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return tuple(model.shape_for("ProductionVariantInstanceType").enum)
-
-
 def _validate_instance_type(validation_error: type[Exception]) -> Callable[[Any, str], None]:
     def validate(self: Any, instance_type: str) -> None:
-        known = instance_types()
+        from lmforge.deploy.instances import sagemaker_instance_types
+
+        known = sagemaker_instance_types()
         if instance_type not in known:
             close = difflib.get_close_matches(instance_type, known, n=3)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
@@ -124,6 +118,7 @@ def install(hooks: EndpointHooks) -> None:
     original_delete = backend_cls.delete_endpoint
 
     def create_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str, tags: Any) -> Any:
+        _check_name(validation_error, "endpointName", endpoint_name)
         if endpoint_name in self.endpoints:
             raise validation_error(f'Cannot create already existing endpoint "{endpoint_name}".')
         endpoint = original_create(self, endpoint_name, endpoint_config_name, tags)
@@ -149,6 +144,24 @@ def install(hooks: EndpointHooks) -> None:
         backend_cls._lmforge_hooks.endpoint_updating(self, endpoint, endpoint_config_name)
         return endpoint
 
+    original_create_config = backend_cls.create_endpoint_config
+
+    def create_endpoint_config(
+        self: Any, endpoint_config_name: str, production_variants: Any, *a: Any, **kw: Any
+    ) -> Any:
+        _check_name(validation_error, "endpointConfigName", endpoint_config_name)
+        for variant in production_variants or []:
+            _check_name(validation_error, "productionVariants.member.variantName", variant.get("VariantName"))
+        return original_create_config(self, endpoint_config_name, production_variants, *a, **kw)
+
+    original_create_model = backend_cls.create_model
+
+    def create_model(self: Any, *a: Any, **kw: Any) -> Any:
+        _check_name(validation_error, "modelName", kw.get("model_name", a[0] if a else None))
+        return original_create_model(self, *a, **kw)
+
+    backend_cls.create_endpoint_config = create_endpoint_config
+    backend_cls.create_model = create_model
     backend_cls.create_endpoint = create_endpoint
     backend_cls.delete_endpoint = delete_endpoint
     backend_cls.update_endpoint = update_endpoint
@@ -174,6 +187,13 @@ def install(hooks: EndpointHooks) -> None:
             return _drop_empty(_original(self))
 
         setattr(response_cls, name, describe)
+
+
+def _check_name(validation_error: type[Exception], field: str, value: object) -> None:
+    from lmforge.aws.names import name_problem
+
+    if problem := name_problem(field, value):
+        raise validation_error(problem)
 
 
 def finish_update(endpoint: Any, backend: Any, endpoint_config_name: str) -> None:

@@ -31,12 +31,12 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from lmforge.aws.eventstream import model_stream_error, payload_part
+from lmforge.aws.names import name_problem
 from lmforge.local.provisioner import Provisioner, Route, RouteError
 
 log = logging.getLogger("lmforge.local.runtime")
 
 MAX_BODY = 6 * 1024 * 1024  # 6 MiB, the botocore model's limit for Body (not enforced client-side)
-NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 _PATH_RE = re.compile(r"^/endpoints/([^/]+)/(invocations|invocations-response-stream)$")
 _REGION_RE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/")
 _CHUNK = 64 * 1024
@@ -103,14 +103,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Reject(404, "UnknownOperationException", f"No operation at {self.path}")
             name, operation = unquote(match.group(1)), match.group(2)
             body = self._read_body()
-            if not NAME_RE.match(name):
-                raise _Reject(
-                    400,
-                    "ValidationError",
-                    f"1 validation error detected: Value '{name}' at 'endpointName' failed to satisfy "
-                    "constraint: Member must satisfy regular expression pattern: ^[a-zA-Z0-9](-*[a-zA-Z0-9])*"
-                    " and have length less than or equal to 63",
-                )
+            if problem := name_problem("endpointName", name):
+                raise _Reject(400, "ValidationError", problem)
             route = self._route(name)
             if operation == "invocations":
                 self._invoke(route, body, request_id)
@@ -122,14 +116,24 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._send_error(_Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
 
-    do_PUT = do_DELETE = do_GET
+    do_PUT = do_DELETE = do_PATCH = do_GET
+
+    def do_HEAD(self) -> None:
+        self.send_response(404)
+        self.send_header("x-amzn-ErrorType", "UnknownOperationException")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     # ----- request side
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
             raise _Reject(411, "ValidationError", "send the body with a Content-Length")
-        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.headers.get("Content-Length") or "0"
+        if not raw.isdigit():
+            self.close_connection = True
+            raise _Reject(400, "ValidationError", f"Content-Length {raw!r} is not a byte count")
+        length = int(raw)
         if length > MAX_BODY:
             self.close_connection = True  # the body is not read; the connection cannot be reused
             raise _Reject(

@@ -48,6 +48,7 @@ class LocalSageMaker:
         host, port = self._moto.get_host_and_port()
         self.control_url = f"http://{host}:{port}"
         self.provisioner = Provisioner(self.state_dir, self.control_url)
+        self.provisioner.start()
         moto_ext.install(self.provisioner)
         self._runtime = RuntimeServer(
             (self.host, self.runtime_port),
@@ -86,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for flag, port in (("--port", args.port), ("--runtime-port", args.runtime_port)):
+        problem = _port_problem(args.host, port)
+        if problem:
+            logging.getLogger("lmforge.local").error(
+                "cannot listen on %s:%s (%s): %s", args.host, port, flag, problem
+            )
+            return 3
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         local.stop()
         state_path.unlink(missing_ok=True)
     return 0
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None (moto's server would hang on a busy port)."""
+    if port == 0:
+        return None
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 if __name__ == "__main__":
