@@ -4,15 +4,20 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
-EXTRAS  ?= server,lmi-dist,local,dev
+# vLLM: the CUDA build where an NVIDIA driver is present, else the CPU build.
+VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda || echo vllm)
+EXTRAS  ?= server,lmi-dist,local,$(VLLM_EXTRA),dev
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-unit test-integration lint fmt demo bench clean
+.PHONY: install test test-unit test-integration test-vllm lint fmt demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	@# vLLM pulls PyPI's torchvision/torchaudio/torchcodec, which fail to import beside the pinned torch
+	@# (and make transformers fail); text-only serving never needs them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,6 +30,9 @@ test-unit: install
 
 test-integration: install
 	$(BIN)/python -m pytest -q -m integration
+
+test-vllm: install
+	$(BIN)/python -m pytest -q -m vllm
 
 lint: install
 	$(BIN)/ruff check src tests examples bench

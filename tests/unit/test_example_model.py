@@ -88,7 +88,7 @@ def test_serving_properties_and_readme(model_dir: Path) -> None:
             props[key.strip()] = value.strip()
     assert props == {
         "engine": "Python",
-        "option.rolling_batch": "auto",
+        "option.rolling_batch": "lmi-dist",
         "option.dtype": "fp32",
         "option.max_rolling_batch_size": "32",
         "option.max_model_len": "1024",

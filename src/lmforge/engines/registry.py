@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,7 @@ class Backend:
 
 
 BACKENDS: dict[str, Backend] = {
-    "vllm": Backend("vllm", None, ("vllm",), "vllm"),
+    "vllm": Backend("vllm", "lmforge.engines.vllm.engine:VllmEngine", ("vllm",), "vllm"),
     "trtllm": Backend("trtllm", None, ("tensorrt_llm",), "trtllm"),
     "lmi-dist": Backend(
         "lmi-dist", "lmforge.engines.lmi_dist.engine:LmiDistEngine", ("torch", "transformers"), "lmi-dist"
@@ -77,10 +78,12 @@ def select_backend(rolling_batch: str) -> Backend:
     return backend
 
 
-def create_engine(config: ServingConfig) -> Engine:
+def create_engine(config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> Engine:
+    """The engine ``option.rolling_batch`` selects; ``extra_options`` are the ``option.*`` keys lmforge's
+    schema does not know (a backend may take them, e.g. vLLM's own engine arguments)."""
     backend = select_backend(config.rolling_batch)
     assert backend.engine_class is not None
     module_name, _, class_name = backend.engine_class.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    engine: Engine = cls(config)
+    engine: Engine = cls(config, dict(extra_options or {}))
     return engine

@@ -48,7 +48,7 @@ def create_handler(resolved: ResolvedConfig) -> Handler:
     from lmforge.engines.registry import create_engine
     from lmforge.handlers.default import DefaultHandler
 
-    return DefaultHandler(config, create_engine(config))
+    return DefaultHandler(config, create_engine(config, resolved.extra_options))
 
 
 def handler_properties(resolved: ResolvedConfig) -> dict[str, str]:

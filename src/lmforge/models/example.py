@@ -53,8 +53,9 @@ SERVING_PROPERTIES = """\
 # lmforge example model: a tiny random-weight Llama (see README.md in this folder).
 # Engine name as in LMI; Python = lmforge's Python engines (one process per model copy).
 engine=Python
-# Continuous-batching backend; auto = the best one installed for this machine (lmi-dist on a CPU).
-option.rolling_batch=auto
+# Continuous-batching backend: lmi-dist starts in seconds on a CPU. vllm serves this model too
+# (pip install 'lmforge[vllm]'); auto picks the best installed (vllm before lmi-dist).
+option.rolling_batch=lmi-dist
 # Weights are saved in float32; serve them as they are.
 option.dtype=fp32
 # Most sequences decoded together in the running batch.

@@ -23,10 +23,11 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, LmforgeError, NotReadyError
@@ -191,8 +192,9 @@ def build(cfg: ServingConfig) -> Built:
 class LmiDistEngine:
     name = "lmi-dist"
 
-    def __init__(self, config: ServingConfig) -> None:
+    def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
         self.config = config
+        self.extra_options = dict(extra_options or {})  # LMI-Dist takes none; the config warned about them
         self._tokenizer: Any = None
         self._model: Any = None
         self._manager: Any = None
@@ -307,25 +309,7 @@ class LmiDistEngine:
         return ids
 
     def _validate(self, prompt_len: int, max_new: int) -> None:
-        cfg = self.config
-        if prompt_len == 0:
-            raise BadRequestError("inputs must not be empty", param="inputs")
-        if cfg.max_input_len is not None and prompt_len > cfg.max_input_len:
-            raise BadRequestError(
-                f"the prompt has {prompt_len} tokens, more than option.max_input_len={cfg.max_input_len}",
-                param="inputs",
-            )
-        if cfg.max_output_len is not None and max_new > cfg.max_output_len:
-            raise BadRequestError(
-                f"max_new_tokens={max_new} is more than option.max_output_len={cfg.max_output_len}",
-                param="parameters.max_new_tokens",
-            )
-        if prompt_len + max_new > self.max_model_len:
-            raise BadRequestError(
-                f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new}) is more than "
-                f"max_model_len ({self.max_model_len})",
-                param="parameters.max_new_tokens" if prompt_len < self.max_model_len else "inputs",
-            )
+        check_request_size(self.config, prompt_len, max_new, self.max_model_len)
 
     async def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)

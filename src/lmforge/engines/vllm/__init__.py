@@ -1,0 +1,1 @@
+"""vLLM backend (imports vLLM only when an engine starts)."""

@@ -1,0 +1,252 @@
+"""The vLLM backend: vLLM's async engine (``AsyncLLM``, vLLM 0.32) behind lmforge's engine protocol.
+
+vLLM does the batching, sampling, stop strings and detokenization; this class maps requests and
+results between the two vocabularies:
+
+* prompts are tokenized here (the handler decides whether special tokens are added, e.g. not for
+  a rendered chat template) and sent as token ids, so lengths are checked before vLLM sees them;
+* outputs stream as deltas (``RequestOutputKind.DELTA``); every token carries its log-prob (vLLM
+  always returns the sampled token's) and, when asked, the top-n alternatives;
+* a stop string ends with ``stop_sequence``, EOS or a stop token id with ``eos_token`` (vLLM's
+  ``stop_reason`` tells them apart; LMI reports both as ``eos_token``);
+* closing the stream early (a client disconnect) closes vLLM's generator, which aborts the request;
+* an unseeded sampled request gets a seed of its own, as in LMI-Dist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from lmforge.engines.limits import check_request_size
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+
+log = logging.getLogger("lmforge.engines.vllm")
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.extra_options = dict(extra_options or {})
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self.max_model_len = 0
+        self._eos_ids: set[int] = set()
+        self._ids: dict[str, str] = {}
+        self._submissions = 0
+        self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
+        self.load_seconds = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.config.model_id or (self.config.model_dir.name if self.config.model_dir else "model")
+
+    async def start(self) -> None:
+        from lmforge.engines.vllm.options import engine_kwargs
+
+        kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        started = time.monotonic()
+        self._llm = await asyncio.to_thread(self._create, kwargs)
+        self.max_model_len = int(self._llm.model_config.max_model_len)
+        self._tokenizer = await asyncio.to_thread(self._load_tokenizer, kwargs)
+        self._eos_ids = self._find_eos_ids()
+        self.load_seconds = time.monotonic() - started
+        log.info("vLLM engine ready in %.1f s (max_model_len %d)", self.load_seconds, self.max_model_len)
+
+    @staticmethod
+    def _create(kwargs: dict[str, Any]) -> Any:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+    def _load_tokenizer(self, kwargs: dict[str, Any]) -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(
+            kwargs["tokenizer"],
+            revision=kwargs.get("revision"),
+            trust_remote_code=bool(kwargs.get("trust_remote_code", False)),
+        )
+
+    def _find_eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        if self._tokenizer is not None and self._tokenizer.eos_token_id is not None:
+            ids.add(int(self._tokenizer.eos_token_id))
+        generation = getattr(self._llm.model_config, "hf_config", None)
+        eos = getattr(generation, "eos_token_id", None)
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+        return ids
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    # ------------------------------------------------------------------ health and stats
+
+    def check_health(self) -> None:
+        if self._llm is None:
+            raise NotReadyError("the vLLM engine is not running")
+        if self._llm.errored:
+            raise EngineDeadError("the vLLM engine is dead (its engine-core process stopped)")
+
+    def stats(self) -> dict[str, float]:
+        running = 0.0
+        healthy = 0.0
+        if self._llm is not None:
+            running = float(self._llm.output_processor.get_num_unfinished_requests())
+            healthy = float(not self._llm.errored)
+        return {"running": running, "waiting": 0.0, **self._counters, "healthy": healthy}
+
+    # ------------------------------------------------------------------ requests
+
+    async def abort(self, request_id: str) -> None:
+        vllm_id = self._ids.get(request_id)
+        if vllm_id is not None and self._llm is not None:
+            await self._llm.abort(vllm_id)
+
+    def _sampling_params(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sampled = params.do_sample
+        return VllmSamplingParams(
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature if sampled else 0.0,
+            top_k=params.top_k if sampled else 0,
+            top_p=params.top_p if sampled else 1.0,
+            repetition_penalty=params.repetition_penalty,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
+            logprobs=params.top_n_logprobs,
+            output_kind=RequestOutputKind.DELTA,
+            skip_special_tokens=True,
+        )
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return list(request.prompt)
+        ids: list[int] = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return ids
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        self.check_health()
+        params = request.params
+        if params.do_sample and params.seed is None:
+            params = dataclasses.replace(params, seed=random.getrandbits(62))
+        prompt_ids = self._prompt_ids(request)
+        check_request_size(self.config, len(prompt_ids), params.max_new_tokens, self.max_model_len)
+        rid = request.request_id
+        if rid in self._ids:
+            raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
+        self._submissions += 1
+        vllm_id = f"{rid}#{self._submissions}"  # unique per submission, even when callers reuse ids
+        self._ids[rid] = vllm_id
+        self._counters["requests_total"] += 1
+        prompt_len = len(prompt_ids)
+        generated = 0
+        finished = False
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
+        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, self._sampling_params(params), vllm_id)
+        try:
+            async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
+                try:
+                    first = await anext(stream)
+                except VLLMClientError as exc:
+                    raise BadRequestError(str(exc), param="inputs") from None
+                except StopAsyncIteration:
+                    return
+                output: Any = first
+                while True:
+                    for event in self._events(output, params, prompt_len, generated):
+                        generated += 1 if event.token is not None else 0
+                        finished = finished or event.finished
+                        yield event
+                    if finished:
+                        return
+                    try:
+                        output = await anext(stream)
+                    except StopAsyncIteration:
+                        return
+        except VllmEngineDead:
+            finished = True
+            yield GenerationEvent(
+                None,
+                prompt_len,
+                generated,
+                finish_reason=FinishReason.ERROR,
+                error="the vLLM engine died",
+                error_status=ERROR_TABLE["engine_dead"].status,
+            )
+        finally:
+            if not finished:
+                self._counters["aborted_total"] += 1
+            if self._ids.get(rid) == vllm_id:
+                del self._ids[rid]
+
+    def _events(
+        self, output: Any, params: SamplingParams, prompt_len: int, generated: int
+    ) -> list[GenerationEvent]:
+        completion = output.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = completion.logprobs or []
+        events = []
+        for i, tid in enumerate(ids):
+            position = logprobs[i] if i < len(logprobs) else {}
+            entry = position.get(tid) if position else None
+            top = None
+            if params.top_n_logprobs and position:
+                ranked = sorted(position.items(), key=lambda kv: (kv[1].rank or 0, -kv[1].logprob))
+                top = [(t, lp.decoded_token or "", lp.logprob) for t, lp in ranked[: params.top_n_logprobs]]
+            token = Token(
+                id=tid,
+                # vLLM's text delta belongs to the step; a step with several tokens puts it on the last
+                text=completion.text if i == len(ids) - 1 else "",
+                log_prob=float(entry.logprob) if entry is not None else float("nan"),
+                special=tid in self._eos_ids,
+                top_logprobs=top,
+            )
+            events.append(GenerationEvent(token, prompt_len, generated + i + 1))
+        self._counters["tokens_total"] += len(ids)
+        if output.finished:
+            reason = self._finish_reason(completion)
+            if not events:
+                events.append(GenerationEvent(None, prompt_len, generated))
+            events[-1].finish_reason = reason
+            if reason is FinishReason.ERROR:
+                events[-1].error = f"vLLM ended the request with finish_reason={completion.finish_reason!r}"
+                events[-1].error_status = ERROR_TABLE["model_error"].status
+        return events
+
+    @staticmethod
+    def _finish_reason(completion: Any) -> FinishReason:
+        reason = completion.finish_reason
+        if reason == "length":
+            return FinishReason.LENGTH
+        if reason == "stop":
+            return FinishReason.STOP_SEQUENCE if isinstance(completion.stop_reason, str) else FinishReason.EOS
+        if reason == "abort":
+            return FinishReason.ABORT
+        return FinishReason.ERROR

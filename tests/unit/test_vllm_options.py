@@ -1,0 +1,105 @@
+"""The vLLM option table and pass-through, against the installed vLLM's own argument definitions,
+and the finish-reason mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lmforge.config import ServingConfig
+from lmforge.engines.protocol import FinishReason
+
+pytest.importorskip("vllm", reason="needs the vllm extra")
+
+from lmforge.engines.vllm.engine import VllmEngine
+from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
+
+
+def _config(tmp_path: Path, **fields: object) -> ServingConfig:
+    return ServingConfig(model_dir=tmp_path, **fields)  # type: ignore[arg-type]
+
+
+def test_mapped_options(tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path,
+        tensor_parallel_degree=2,
+        max_rolling_batch_size=64,
+        max_rolling_batch_prefill_tokens=4096,
+        max_input_len=1000,
+        max_output_len=24,
+        dtype="bf16",
+        quantize="awq",
+        enforce_eager=True,
+        gpu_memory_utilization=0.8,
+        kv_cache_memory_mb=512,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+        revision="abc",
+    )
+    kw = engine_kwargs(cfg, {})
+    assert kw["model"] == kw["tokenizer"] == str(tmp_path)
+    assert kw["tensor_parallel_size"] == 2 and kw["pipeline_parallel_size"] == 1
+    assert kw["max_num_seqs"] == 64 and kw["max_num_batched_tokens"] == 4096
+    assert kw["max_model_len"] == 1024  # max_input_len + max_output_len
+    assert kw["dtype"] == "bfloat16" and kw["quantization"] == "awq" and kw["enforce_eager"] is True
+    assert kw["gpu_memory_utilization"] == 0.8 and kw["kv_cache_memory_bytes"] == 512 * 2**20
+    assert kw["hf_overrides"] == {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
+    assert kw["revision"] == "abc"
+    assert "max_loras" not in kw  # LoRA settings only with enable_lora
+    lora = engine_kwargs(_config(tmp_path, enable_lora=True, max_loras=3, max_lora_rank=32), {})
+    assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 3, 32)
+
+
+def test_pass_through_is_typed_by_vllm(tmp_path: Path) -> None:
+    kw = engine_kwargs(
+        _config(tmp_path),
+        {
+            "enable_prefix_caching": "false",
+            "kv_cache_dtype": "fp8",
+            "max_logprobs": "7",
+            "served-model-name": "a, b",
+            "entryPoint": "model.py",
+        },
+    )
+    assert kw["enable_prefix_caching"] is False
+    assert kw["kv_cache_dtype"] == "fp8"
+    assert kw["max_logprobs"] == 7
+    assert kw["served_model_name"] == ["a", "b"]
+    assert "entryPoint" not in kw
+
+
+def test_bad_options_are_all_named(tmp_path: Path) -> None:
+    with pytest.raises(VllmOptionError) as info:
+        engine_kwargs(
+            _config(tmp_path),
+            {
+                "max_num_seqz": "4",
+                "max_logprobs": "many",
+                "kv_cache_dtype": "int3",
+                "max_num_seqs": "8",
+            },
+        )
+    text = str(info.value)
+    assert (
+        "option.max_num_seqz is not an engine argument of vLLM" in text
+        and "did you mean option.max_num_seqs" in text
+    )
+    assert "option.max_logprobs = 'many'" in text
+    assert "option.kv_cache_dtype = 'int3'" in text and "is not one of" in text
+    assert "option.max_num_seqs: set option.max_rolling_batch_size instead" in text
+
+
+@pytest.mark.parametrize(
+    ("finish", "stop", "expected"),
+    [
+        ("length", None, FinishReason.LENGTH),
+        ("stop", None, FinishReason.EOS),
+        ("stop", 2, FinishReason.EOS),
+        ("stop", "\n\n", FinishReason.STOP_SEQUENCE),
+        ("abort", None, FinishReason.ABORT),
+        ("error", None, FinishReason.ERROR),
+    ],
+)
+def test_finish_reasons(finish: str, stop: object, expected: FinishReason) -> None:
+    assert VllmEngine._finish_reason(SimpleNamespace(finish_reason=finish, stop_reason=stop)) is expected
