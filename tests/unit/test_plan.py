@@ -310,20 +310,37 @@ def test_inferentia_is_refused(tmp_path: Path) -> None:
 
 def test_timeouts_known_answer(tmp_path: Path) -> None:
     folder = _model(tmp_path, LLAMA_8B)
-    plan = make_plan(folder, _cfg(folder, tensor_parallel_degree=4), "ml.g5.12xlarge")
-    # download 16.06 GB / 150 MB/s = 107.1 s; load / 500 MB/s = 32.1 s; + 30 s start = 169.2 s
+    plan = make_plan(
+        folder, _cfg(folder, tensor_parallel_degree=4, rolling_batch="lmi-dist"), "ml.g5.12xlarge"
+    )
+    # download 16.06 GB / 150 MB/s = 107.1 s; load / 500 MB/s = 32.1 s; + 30 s LMI-Dist start = 169.2 s
     # x 1.25 = 211.5 -> 240; download alone x 1.25 = 133.8 -> 180
     assert plan.download_s == pytest.approx(107.1)
     assert plan.health_check_timeout_s == 240
     assert plan.download_timeout_s == 180
+    vllm = make_plan(folder, _cfg(folder, tensor_parallel_degree=4, rolling_batch="vllm"), "ml.g5.12xlarge")
+    # vLLM with CUDA graphs: 107.1 + 32.1 + 90 = 229.2 x 1.25 = 286.5 -> 300; auto is costed the same
+    assert vllm.start_s == 90 and vllm.health_check_timeout_s == 300
+    assert (
+        make_plan(folder, _cfg(folder, tensor_parallel_degree=4), "ml.g5.12xlarge").health_check_timeout_s
+        == 300
+    )
+    eager = make_plan(
+        folder,
+        _cfg(folder, tensor_parallel_degree=4, rolling_batch="vllm", enforce_eager=True),
+        "ml.g5.12xlarge",
+    )
+    assert eager.start_s == 60 and eager.health_check_timeout_s == 300  # 199.2 x 1.25 = 249 -> 300
     trt = make_plan(folder, _cfg(folder, tensor_parallel_degree=4, rolling_batch="trtllm"), "ml.g5.12xlarge")
-    # + TensorRT-LLM build 120 + 4 x 8.03 = 152.1 s -> (169.2 + 152.1) x 1.25 = 401.6 -> 420
+    # + TensorRT-LLM build 120 + 4 x 8.03 = 152.1 s, start 60: (107.1 + 32.1 + 60 + 152.1) x 1.25 = 439.1 -> 480
     assert trt.compile_s == pytest.approx(152.1)
-    assert trt.health_check_timeout_s == 420
+    assert trt.health_check_timeout_s == 480
 
 
 def test_timeouts_are_clamped(tmp_path: Path) -> None:
-    tiny = make_plan(_model(tmp_path, TINY), _cfg(tmp_path / "model"), "ml.g5.xlarge")
+    tiny = make_plan(
+        _model(tmp_path, TINY), _cfg(tmp_path / "model", rolling_batch="lmi-dist"), "ml.g5.xlarge"
+    )
     assert tiny.health_check_timeout_s == 60
     assert tiny.download_timeout_s == 60
     huge_cfg = {**LLAMA_70B, "hidden_size": 16384, "num_hidden_layers": 126, "num_attention_heads": 128}

@@ -103,4 +103,7 @@ def render_reference_markdown() -> str:
         PRECEDENCE,
         "",
     ]
+    from lmforge.engines.vllm.options import mapping_markdown
+
+    lines += [mapping_markdown(), ""]
     return "\n".join(lines)

@@ -56,8 +56,12 @@ DOWNLOAD_BYTES_PER_S = 150e6
 #: Assumed weight load throughput from local disk into GPU memory, bytes/s (plain safetensors loaders
 #: measure ~1 GB/s; halved for EBS-backed volumes and sharded loads).
 LOAD_BYTES_PER_S = 500e6
-#: Fixed start-up cost: container start, Python imports, KV-cache profiling, CUDA graph capture.
+#: Fixed start-up cost per backend: container start, Python imports, engine processes, KV-cache
+#: profiling. vLLM captures CUDA graphs unless enforce_eager (its eager start on 2 CPU cores measured
+#: 40-70 s); ``auto`` is costed as vLLM, which it picks when installed.
 STARTUP_FIXED_S = 30.0
+ENGINE_START_S = {"lmi-dist": 30.0, "vllm": 90.0, "auto": 90.0, "trtllm": 60.0}
+VLLM_EAGER_START_S = 60.0
 #: TensorRT-LLM just-in-time engine build: a base cost plus a cost per billion parameters; anchored on
 #: LMI's note that a 70B model takes about 7 minutes or more (120 + 4 x 70 = 400 s).
 TRT_COMPILE_BASE_S = 120.0
@@ -393,6 +397,7 @@ class DeployPlan:
     max_model_len_that_fits: int
     download_s: float
     load_s: float
+    start_s: float
     compile_s: float
     health_check_timeout_s: int
     """Suggested ContainerStartupHealthCheckTimeoutInSeconds."""
@@ -453,7 +458,7 @@ class DeployPlan:
         compile_part = f" + TensorRT-LLM build {self.compile_s:.0f} s" if self.compile_s else ""
         lines.append(
             f"  ContainerStartupHealthCheckTimeoutInSeconds = {self.health_check_timeout_s}  "
-            f"(download {self.download_s:.0f} s + load {self.load_s:.0f} s + start {STARTUP_FIXED_S:.0f} s"
+            f"(download {self.download_s:.0f} s + load {self.load_s:.0f} s + start {self.start_s:.0f} s"
             f"{compile_part}, +{(TIMEOUT_MARGIN - 1) * 100:.0f}%)"
         )
         lines.append(
@@ -817,6 +822,9 @@ def make_plan(
     # --- timings
     download_s = download_bytes / DOWNLOAD_BYTES_PER_S
     load_s = weights_bytes / LOAD_BYTES_PER_S
+    start_s = ENGINE_START_S.get(rolling_batch, STARTUP_FIXED_S)
+    if rolling_batch in ("vllm", "auto") and config.enforce_eager:
+        start_s = VLLM_EAGER_START_S
     compile_s = 0.0
     if rolling_batch == "trtllm" and not _is_compiled_trt(weights_folder, config_json):
         compile_s = TRT_COMPILE_BASE_S + TRT_COMPILE_S_PER_BILLION_PARAMS * parameters / 1e9
@@ -824,16 +832,16 @@ def make_plan(
             f"TensorRT-LLM will compile the model at start-up (estimated {compile_s:.0f} s); compile ahead "
             "of time and deploy the engine to skip it"
         )
-    health = _round_timeout(download_s + load_s + compile_s + STARTUP_FIXED_S)
-    if (download_s + load_s + compile_s + STARTUP_FIXED_S) * TIMEOUT_MARGIN > TIMEOUT_MAX_S:
+    health = _round_timeout(download_s + load_s + compile_s + start_s)
+    if (download_s + load_s + compile_s + start_s) * TIMEOUT_MARGIN > TIMEOUT_MAX_S:
         warnings.append(
             f"start-up may take longer than SageMaker's {TIMEOUT_MAX_S} s limit: use faster storage "
             "(uncompressed S3 prefix, s5cmd) or an ahead-of-time compiled model"
         )
-    if load_s + STARTUP_FIXED_S > config.model_loading_timeout:
+    if load_s + start_s > config.model_loading_timeout:
         warnings.append(
             f"option.model_loading_timeout ({config.model_loading_timeout} s) may be too short for loading "
-            f"(estimated {load_s + STARTUP_FIXED_S:.0f} s)"
+            f"(estimated {load_s + start_s:.0f} s)"
         )
 
     return DeployPlan(
@@ -871,6 +879,7 @@ def make_plan(
         max_model_len_that_fits=mem.max_len,
         download_s=round(download_s, 1),
         load_s=round(load_s, 1),
+        start_s=round(start_s, 1),
         compile_s=round(compile_s, 1),
         health_check_timeout_s=health,
         download_timeout_s=_round_timeout(download_s),

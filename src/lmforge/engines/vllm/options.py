@@ -166,3 +166,33 @@ def _version() -> str:
         except PackageNotFoundError:
             continue
     return "(unknown version)"
+
+
+def mapping_markdown() -> str:
+    """The vLLM section of docs/configuration.md, from :data:`MAPPINGS`."""
+    lines = [
+        "## vLLM (`option.rolling_batch=vllm`)",
+        "",
+        "| lmforge / LMI key | vLLM engine argument |",
+        "| --- | --- |",
+    ]
+    notes = {
+        "tensor_parallel_degree": " (`max`: every visible GPU)",
+        "max_model_len": " (else `max_input_len` + `max_output_len`)",
+        "dtype": " (`fp16` -> `float16`, `bf16` -> `bfloat16`, `fp32` -> `float32`)",
+        "kv_cache_memory_mb": " (x 2^20)",
+        "rope_scaling": " (`{\"rope_scaling\": ...}`)",
+        "max_loras": " (with `enable_lora`)",
+        "max_lora_rank": " (with `enable_lora`)",
+    }
+    for m in MAPPINGS:
+        lines.append(f"| `option.{m.option}` | `{m.arg}`{notes.get(m.option, '')} |")
+    lines += [
+        "",
+        "Any other `option.<name>` whose name (with `_` or `-`) is one of vLLM's engine arguments is",
+        "passed through, typed by vLLM's own argument definitions (the values `vllm serve` accepts;",
+        "on/off flags take `true`/`false`), e.g. `option.enable_prefix_caching=true`,",
+        "`option.kv_cache_dtype=fp8`. Options vLLM does not know stop the server at start with the",
+        "closest valid name.",
+    ]
+    return "\n".join(lines)
