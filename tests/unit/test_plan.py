@@ -332,7 +332,8 @@ def test_timeouts_known_answer(tmp_path: Path) -> None:
     )
     assert eager.start_s == 60 and eager.health_check_timeout_s == 300  # 199.2 x 1.25 = 249 -> 300
     trt = make_plan(folder, _cfg(folder, tensor_parallel_degree=4, rolling_batch="trtllm"), "ml.g5.12xlarge")
-    # + TensorRT-LLM build 120 + 4 x 8.03 = 152.1 s, start 60: (107.1 + 32.1 + 60 + 152.1) x 1.25 = 439.1 -> 480
+    # + TensorRT-LLM build 120 + 4 x 8.03 = 152.1 s, start 60:
+    # (107.1 + 32.1 + 60 + 152.1) x 1.25 = 439.1 -> 480
     assert trt.compile_s == pytest.approx(152.1)
     assert trt.health_check_timeout_s == 480
 

@@ -15,6 +15,7 @@ def main() -> None:
 
 def _register() -> None:
     from lmforge.cli.config_cmd import config_group
+    from lmforge.cli.container_cmd import container_group, image_uri_command
     from lmforge.cli.deploy_cmd import delete_command, deploy_command, wait_command
     from lmforge.cli.example_cmd import example_model_command
     from lmforge.cli.invoke_cmd import invoke_command
@@ -35,6 +36,8 @@ def _register() -> None:
     main.add_command(wait_command)
     main.add_command(delete_command)
     main.add_command(invoke_command)
+    main.add_command(container_group)
+    main.add_command(image_uri_command)
 
 
 _register()

@@ -61,6 +61,16 @@ def serve(model_dir: str, *, host: str, port: int | None, log_level: str = "info
     for warning in resolved.warnings:
         log.warning("%s", warning)
     config = resolved.config
+    if config.model_id is not None and config.model_path is None:
+        from lmforge.artifacts.download import DownloadError, fetch_model
+
+        try:
+            local = fetch_model(config.model_id, revision=config.revision)
+        except DownloadError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        config = config.model_copy(update={"model_id": str(local)})
+        resolved.config = config
     if config.num_threads is None:
         config = config.model_copy(update={"num_threads": default_num_threads()})
         resolved.config = config

@@ -181,7 +181,7 @@ def mapping_markdown() -> str:
         "max_model_len": " (else `max_input_len` + `max_output_len`)",
         "dtype": " (`fp16` -> `float16`, `bf16` -> `bfloat16`, `fp32` -> `float32`)",
         "kv_cache_memory_mb": " (x 2^20)",
-        "rope_scaling": " (`{\"rope_scaling\": ...}`)",
+        "rope_scaling": ' (`{"rope_scaling": ...}`)',
         "max_loras": " (with `enable_lora`)",
         "max_lora_rank": " (with `enable_lora`)",
     }

@@ -1,0 +1,1 @@
+"""Container images: flavours, rendering from templates, the entrypoint, docker build and push."""

@@ -1,0 +1,90 @@
+"""Container flavours: ``containers/<flavour>/flavour.toml`` (base image, Python, CUDA, pinned
+engine versions, defaults), rendered through ``templates/*.j2`` into the files beside it."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge import __version__
+
+FLAVOURS = ("cpu", "lmi-dist", "vllm", "tensorrt-llm")
+#: template -> the rendered file in containers/<flavour>/
+TEMPLATES = {
+    "Dockerfile.j2": "Dockerfile",
+    "entrypoint.sh.j2": "entrypoint.sh",
+    "serving.properties.j2": "serving.properties",
+}
+#: which flavour serves a backend on GPU instances
+BACKEND_FLAVOURS = {"lmi-dist": "lmi-dist", "vllm": "vllm", "auto": "vllm", "trtllm": "tensorrt-llm"}
+
+
+class FlavourError(Exception):
+    pass
+
+
+def repo_root() -> Path:
+    """The lmforge source tree that holds ``templates/`` and ``containers/``: ``$LMFORGE_REPO``, the
+    current folder or one above it, or the checkout this package was installed from."""
+    candidates = []
+    if os.environ.get("LMFORGE_REPO"):
+        candidates.append(Path(os.environ["LMFORGE_REPO"]))
+    cwd = Path.cwd()
+    candidates += [cwd, *cwd.parents]
+    candidates.append(Path(__file__).resolve().parents[3])
+    for root in candidates:
+        if (root / "templates" / "Dockerfile.j2").is_file() and (root / "containers").is_dir():
+            return root
+    raise FlavourError(
+        "cannot find lmforge's templates/ and containers/ folders: run from an lmforge checkout or set "
+        "LMFORGE_REPO to one"
+    )
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    description: str
+    base_image: str
+    python: str
+    cuda: str
+    extras: list[str]
+    rolling_batch: str
+    healthcheck_start_period: str
+    extra_index_urls: list[str] = field(default_factory=list)
+    pins: list[str] = field(default_factory=list)
+    remove_packages: list[str] = field(default_factory=list)
+    build_packages: list[str] = field(default_factory=list)
+    runtime_packages: list[str] = field(default_factory=list)
+    default_options: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    entrypoint_env: dict[str, str] = field(default_factory=dict)
+    s5cmd_image: str = "peakcom/s5cmd:v2.3.0"
+    version: str = __version__
+
+    def context(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def load_flavour(name: str, root: Path | None = None) -> Flavour:
+    if name not in FLAVOURS:
+        raise FlavourError(f"unknown flavour {name!r}; choose one of {', '.join(FLAVOURS)}")
+    path = (root or repo_root()) / "containers" / name / "flavour.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise FlavourError(f"{path}: {exc}") from exc
+    try:
+        return Flavour(name=name, **data)
+    except TypeError as exc:
+        raise FlavourError(f"{path}: {exc}") from exc
+
+
+def image_name(flavour: str, registry: str | None = None) -> str:
+    """``<registry>/lmforge-<flavour>:<version>`` (``lmforge/<flavour>:<version>`` without a registry)."""
+    if registry:
+        return f"{registry.rstrip('/')}/lmforge-{flavour}:{__version__}"
+    return f"lmforge/{flavour}:{__version__}"
