@@ -1,5 +1,6 @@
-"""One local "container": an ``lmforge serve`` process on a model folder, started the way SageMaker
-starts a serving container (``serve``, the model at a fixed folder, ``SAGEMAKER_BIND_TO_PORT``), and
+"""One local "container": lmforge's container entrypoint (:mod:`lmforge.container.entrypoint`, what
+the images run) on a model folder, started the way SageMaker starts a serving container (``serve``,
+the model at a fixed folder, ``SAGEMAKER_BIND_TO_PORT``), and
 stopped the way SageMaker stops one (SIGTERM, then SIGKILL 30 s later).
 
 Each container has a folder of its own under ``<state>/endpoints/<endpoint>/``: ``model/`` (what
@@ -108,7 +109,7 @@ class Container:
         """Start (or restart) the server process; returns at once."""
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
-                [self.python, "-m", "lmforge", "serve", str(self.model_dir)],
+                [self.python, "-m", "lmforge.container.entrypoint", "serve", str(self.model_dir)],
                 cwd=self.folder,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -155,7 +156,7 @@ def _is_our_server(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"lmforge" in cmdline and b"serve" in cmdline
+    return b"lmforge.container.entrypoint" in cmdline and b"serve" in cmdline
 
 
 def reap_orphans(state_dir: Path, grace_s: float = STOP_GRACE_S) -> int:
