@@ -123,6 +123,32 @@ def test_stop_sequence_is_told_apart_from_eos(served: tuple[RemoteServer, list[d
     ).json()
     assert resp["generated_text"] == ref["text"]
     assert resp["details"]["finish_reason"] == "stop_sequence"
+    # each token keeps its own text (not text held back and released on a later token)
+    plain = httpx.post(
+        server.url + "/invocations",
+        json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}},
+        timeout=60,
+    ).json()["details"]["tokens"]
+    stopped = resp["details"]["tokens"]
+    assert [t["text"] for t in stopped[:-1]] == [t["text"] for t in plain[: len(stopped) - 1]]
+    assert plain[len(stopped) - 1]["text"].startswith(stopped[-1]["text"])
+
+
+def test_values_vllm_refuses_are_400s_naming_the_field(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    server, _ = served
+    for params, field in (
+        ({"do_sample": True, "temperature": 2.5}, "parameters.temperature"),
+        ({"top_n_tokens": 50, "details": True}, "parameters.top_n_tokens"),
+    ):
+        resp = httpx.post(
+            server.url + "/invocations",
+            json={"inputs": "x", "parameters": {"max_new_tokens": 2, **params}},
+            timeout=60,
+        )
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["param"] == field
 
 
 def test_top_n_log_probs(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:

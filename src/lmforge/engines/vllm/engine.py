@@ -5,10 +5,12 @@ results between the two vocabularies:
 
 * prompts are tokenized here (the handler decides whether special tokens are added, e.g. not for
   a rendered chat template) and sent as token ids, so lengths are checked before vLLM sees them;
-* outputs stream as deltas (``RequestOutputKind.DELTA``); every token carries its log-prob (vLLM
-  always returns the sampled token's) and, when asked, the top-n alternatives;
-* a stop string ends with ``stop_sequence``, EOS or a stop token id with ``eos_token`` (vLLM's
-  ``stop_reason`` tells them apart; LMI reports both as ``eos_token``);
+* outputs stream as token-id deltas (``RequestOutputKind.DELTA``, no detokenization in vLLM);
+  text and stop strings are lmforge's, as for LMI-Dist, so every token carries its own text
+  (vLLM's own stop handling holds text back and shifts it between tokens); every token carries
+  its log-prob (vLLM always returns the sampled token's) and, when asked, the top-n alternatives;
+* a stop string ends with ``stop_sequence``, EOS or a stop token id with ``eos_token`` (LMI reports
+  both as ``eos_token``);
 * closing the stream early (a client disconnect) closes vLLM's generator, which aborts the request;
 * an unseeded sampled request gets a seed of its own, as in LMI-Dist.
 """
@@ -26,12 +28,41 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
 
 log = logging.getLogger("lmforge.engines.vllm")
+
+
+#: vLLM's SamplingParams names -> the LMI request fields they come from (for 400 messages)
+_LMI_FIELD = {
+    "temperature": "parameters.temperature",
+    "top_p": "parameters.top_p",
+    "top_k": "parameters.top_k",
+    "repetition_penalty": "parameters.repetition_penalty",
+    "seed": "parameters.seed",
+    "max_tokens": "parameters.max_new_tokens",
+    "logprobs": "parameters.top_n_tokens",
+    "prompt": "inputs",
+}
+
+
+@dataclasses.dataclass
+class _Live:
+    vllm_id: str
+    aborted: bool = False
+
+
+@dataclasses.dataclass
+class _Stream:
+    detok: IncrementalDetokenizer
+    stops: StopMatcher
+    prompt_len: int
+    generated: int = 0
+    finished: bool = False
 
 
 class VllmEngine:
@@ -44,7 +75,7 @@ class VllmEngine:
         self._tokenizer: Any = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
-        self._ids: dict[str, str] = {}
+        self._live: dict[str, _Live] = {}
         self._submissions = 0
         self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
         self.load_seconds = 0.0
@@ -99,7 +130,8 @@ class VllmEngine:
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
         if llm is not None:
-            await asyncio.to_thread(llm.shutdown)
+            # a short timeout: the drain already used most of SageMaker's 30 s before SIGKILL
+            await asyncio.to_thread(llm.shutdown, 3.0)
 
     # ------------------------------------------------------------------ health and stats
 
@@ -112,36 +144,46 @@ class VllmEngine:
     def stats(self) -> dict[str, float]:
         running = 0.0
         healthy = 0.0
-        if self._llm is not None:
+        if self._llm is not None and not self._llm.errored:
             running = float(self._llm.output_processor.get_num_unfinished_requests())
-            healthy = float(not self._llm.errored)
+            healthy = 1.0
         return {"running": running, "waiting": 0.0, **self._counters, "healthy": healthy}
 
     # ------------------------------------------------------------------ requests
 
     async def abort(self, request_id: str) -> None:
-        vllm_id = self._ids.get(request_id)
-        if vllm_id is not None and self._llm is not None:
-            await self._llm.abort(vllm_id)
+        live = self._live.get(request_id)
+        if live is not None:
+            live.aborted = True  # also covers a request vLLM has not registered yet
+            if self._llm is not None:
+                await self._llm.abort(live.vllm_id)
 
     def _sampling_params(self, params: SamplingParams) -> Any:
+        """vLLM's SamplingParams; vLLM's own limits become 400s naming the LMI field."""
         from vllm import SamplingParams as VllmSamplingParams
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
 
         sampled = params.do_sample
-        return VllmSamplingParams(
-            max_tokens=params.max_new_tokens,
-            temperature=params.temperature if sampled else 0.0,
-            top_k=params.top_k if sampled else 0,
-            top_p=params.top_p if sampled else 1.0,
-            repetition_penalty=params.repetition_penalty,
-            seed=params.seed,
-            stop=list(params.stop) or None,
-            ignore_eos=params.ignore_eos,
-            logprobs=params.top_n_logprobs,
-            output_kind=RequestOutputKind.DELTA,
-            skip_special_tokens=True,
-        )
+        try:
+            return VllmSamplingParams(
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature if sampled else 0.0,
+                top_k=params.top_k if sampled else 0,
+                top_p=params.top_p if sampled else 1.0,
+                repetition_penalty=params.repetition_penalty,
+                seed=params.seed,
+                ignore_eos=params.ignore_eos,
+                logprobs=params.top_n_logprobs,
+                output_kind=RequestOutputKind.DELTA,
+                # stop strings and text are lmforge's (as for LMI-Dist): every token gets its own text
+                detokenize=False,
+            )
+        except (VLLMValidationError, ValueError) as exc:
+            name = getattr(exc, "parameter", None)
+            raise BadRequestError(
+                f"vLLM refuses this request: {exc}", param=_LMI_FIELD.get(str(name), "parameters")
+            ) from None
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if isinstance(request.prompt, list):
@@ -156,84 +198,95 @@ class VllmEngine:
             params = dataclasses.replace(params, seed=random.getrandbits(62))
         prompt_ids = self._prompt_ids(request)
         check_request_size(self.config, len(prompt_ids), params.max_new_tokens, self.max_model_len)
+        sampling = self._sampling_params(params)
         rid = request.request_id
-        if rid in self._ids:
+        if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
-        self._submissions += 1
-        vllm_id = f"{rid}#{self._submissions}"  # unique per submission, even when callers reuse ids
-        self._ids[rid] = vllm_id
-        self._counters["requests_total"] += 1
-        prompt_len = len(prompt_ids)
-        generated = 0
-        finished = False
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
-        stream = self._llm.generate({"prompt_token_ids": prompt_ids}, self._sampling_params(params), vllm_id)
+        self._submissions += 1
+        live = _Live(f"{rid}#{self._submissions}")  # unique per submission, even when callers reuse ids
+        self._live[rid] = live
+        self._counters["requests_total"] += 1
+        state = _Stream(IncrementalDetokenizer(self._tokenizer), StopMatcher(params.stop), len(prompt_ids))
         try:
+            stream = self._llm.generate({"prompt_token_ids": prompt_ids}, sampling, live.vllm_id)
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
-                    first = await anext(stream)
+                    output = await anext(stream)
                 except VLLMClientError as exc:
-                    raise BadRequestError(str(exc), param="inputs") from None
-                except StopAsyncIteration:
-                    return
-                output: Any = first
+                    name = getattr(exc, "parameter", None)
+                    raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), "inputs")) from None
                 while True:
-                    for event in self._events(output, params, prompt_len, generated):
-                        generated += 1 if event.token is not None else 0
-                        finished = finished or event.finished
+                    if live.aborted:
+                        state.finished = True
+                        yield GenerationEvent(
+                            None, state.prompt_len, state.generated, finish_reason=FinishReason.ABORT
+                        )
+                        return
+                    for event in self._events(output, params, state):
                         yield event
-                    if finished:
+                    if state.finished:
                         return
-                    try:
-                        output = await anext(stream)
-                    except StopAsyncIteration:
-                        return
+                    output = await anext(stream)
+        except StopAsyncIteration:
+            return
         except VllmEngineDead:
-            finished = True
+            state.finished = True
             yield GenerationEvent(
                 None,
-                prompt_len,
-                generated,
+                state.prompt_len,
+                state.generated,
                 finish_reason=FinishReason.ERROR,
                 error="the vLLM engine died",
                 error_status=ERROR_TABLE["engine_dead"].status,
             )
         finally:
-            if not finished:
+            if not state.finished:
                 self._counters["aborted_total"] += 1
-            if self._ids.get(rid) == vllm_id:
-                del self._ids[rid]
+            if self._live.get(rid) is live:
+                del self._live[rid]
 
-    def _events(
-        self, output: Any, params: SamplingParams, prompt_len: int, generated: int
-    ) -> list[GenerationEvent]:
+    def _events(self, output: Any, params: SamplingParams, state: _Stream) -> list[GenerationEvent]:
         completion = output.outputs[0]
-        ids = list(completion.token_ids)
         logprobs = completion.logprobs or []
-        events = []
-        for i, tid in enumerate(ids):
+        ready: list[tuple[Token, str]] = []
+        for i, tid in enumerate(completion.token_ids):
             position = logprobs[i] if i < len(logprobs) else {}
             entry = position.get(tid) if position else None
             top = None
             if params.top_n_logprobs and position:
                 ranked = sorted(position.items(), key=lambda kv: (kv[1].rank or 0, -kv[1].logprob))
-                top = [(t, lp.decoded_token or "", lp.logprob) for t, lp in ranked[: params.top_n_logprobs]]
+                top = [
+                    (t, self._tokenizer.decode([t]), lp.logprob) for t, lp in ranked[: params.top_n_logprobs]
+                ]
             token = Token(
                 id=tid,
-                # vLLM's text delta belongs to the step; a step with several tokens puts it on the last
-                text=completion.text if i == len(ids) - 1 else "",
+                text="",
                 log_prob=float(entry.logprob) if entry is not None else float("nan"),
                 special=tid in self._eos_ids,
                 top_logprobs=top,
             )
-            events.append(GenerationEvent(token, prompt_len, generated + i + 1))
-        self._counters["tokens_total"] += len(ids)
-        if output.finished:
+            self._counters["tokens_total"] += 1
+            ready.extend(state.stops.push(token, state.detok.step(tid)))
+            if state.stops.stopped:
+                break
+        reason: FinishReason | None = None
+        if state.stops.stopped:
+            reason = FinishReason.STOP_SEQUENCE
+        elif output.finished:
+            ready.extend(state.stops.flush())
             reason = self._finish_reason(completion)
+        events = []
+        for token, text in ready:
+            token.text = text
+            state.generated += 1
+            events.append(GenerationEvent(token, state.prompt_len, state.generated))
+        if reason is not None:
+            state.finished = True
             if not events:
-                events.append(GenerationEvent(None, prompt_len, generated))
+                events.append(GenerationEvent(None, state.prompt_len, state.generated))
             events[-1].finish_reason = reason
             if reason is FinishReason.ERROR:
                 events[-1].error = f"vLLM ended the request with finish_reason={completion.finish_reason!r}"

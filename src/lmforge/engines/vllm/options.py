@@ -139,7 +139,10 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             continue
         dest = name.replace("-", "_")
         action = actions.get(dest)
-        if action is None or dest in ("model", "tokenizer"):
+        if dest in ("model", "tokenizer"):
+            problems.append(f"option.{name}: lmforge sets vLLM's {dest} itself; use option.model_id")
+            continue
+        if action is None:
             close = difflib.get_close_matches(dest, [*actions, *(m.option for m in MAPPINGS)], n=1)
             hint = f"; did you mean option.{close[0]}?" if close else ""
             problems.append(f"option.{name} is not an engine argument of vLLM {_version()}{hint}")
