@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
-from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
+from lmforge.engines.streaming import TokenStream
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
@@ -54,15 +54,6 @@ _LMI_FIELD = {
 class _Live:
     vllm_id: str
     aborted: bool = False
-
-
-@dataclasses.dataclass
-class _Stream:
-    detok: IncrementalDetokenizer
-    stops: StopMatcher
-    prompt_len: int
-    generated: int = 0
-    finished: bool = False
 
 
 class VllmEngine:
@@ -209,7 +200,7 @@ class VllmEngine:
         live = _Live(f"{rid}#{self._submissions}")  # unique per submission, even when callers reuse ids
         self._live[rid] = live
         self._counters["requests_total"] += 1
-        state = _Stream(IncrementalDetokenizer(self._tokenizer), StopMatcher(params.stop), len(prompt_ids))
+        state = TokenStream(self._tokenizer, params.stop, len(prompt_ids))
         try:
             stream = self._llm.generate({"prompt_token_ids": prompt_ids}, sampling, live.vllm_id)
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
@@ -233,25 +224,17 @@ class VllmEngine:
         except StopAsyncIteration:
             return
         except VllmEngineDead:
-            state.finished = True
-            yield GenerationEvent(
-                None,
-                state.prompt_len,
-                state.generated,
-                finish_reason=FinishReason.ERROR,
-                error="the vLLM engine died",
-                error_status=ERROR_TABLE["engine_dead"].status,
-            )
+            yield state.final(FinishReason.ERROR, "the vLLM engine died", ERROR_TABLE["engine_dead"].status)
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1
             if self._live.get(rid) is live:
                 del self._live[rid]
 
-    def _events(self, output: Any, params: SamplingParams, state: _Stream) -> list[GenerationEvent]:
+    def _events(self, output: Any, params: SamplingParams, state: TokenStream) -> list[GenerationEvent]:
         completion = output.outputs[0]
         logprobs = completion.logprobs or []
-        ready: list[tuple[Token, str]] = []
+        tokens = []
         for i, tid in enumerate(completion.token_ids):
             position = logprobs[i] if i < len(logprobs) else {}
             entry = position.get(tid) if position else None
@@ -261,37 +244,11 @@ class VllmEngine:
                 top = [
                     (t, self._tokenizer.decode([t]), lp.logprob) for t, lp in ranked[: params.top_n_logprobs]
                 ]
-            token = Token(
-                id=tid,
-                text="",
-                log_prob=float(entry.logprob) if entry is not None else float("nan"),
-                special=tid in self._eos_ids,
-                top_logprobs=top,
-            )
-            self._counters["tokens_total"] += 1
-            ready.extend(state.stops.push(token, state.detok.step(tid)))
-            if state.stops.stopped:
-                break
-        reason: FinishReason | None = None
-        if state.stops.stopped:
-            reason = FinishReason.STOP_SEQUENCE
-        elif output.finished:
-            ready.extend(state.stops.flush())
-            reason = self._finish_reason(completion)
-        events = []
-        for token, text in ready:
-            token.text = text
-            state.generated += 1
-            events.append(GenerationEvent(token, state.prompt_len, state.generated))
-        if reason is not None:
-            state.finished = True
-            if not events:
-                events.append(GenerationEvent(None, state.prompt_len, state.generated))
-            events[-1].finish_reason = reason
-            if reason is FinishReason.ERROR:
-                events[-1].error = f"vLLM ended the request with finish_reason={completion.finish_reason!r}"
-                events[-1].error_status = ERROR_TABLE["model_error"].status
-        return events
+            log_prob = float(entry.logprob) if entry is not None else float("nan")
+            tokens.append(Token(tid, "", log_prob, special=tid in self._eos_ids, top_logprobs=top))
+        self._counters["tokens_total"] += len(tokens)
+        done = self._finish_reason(completion) if output.finished else None
+        return state.step(tokens, done, f"finish_reason={completion.finish_reason!r}")
 
     @staticmethod
     def _finish_reason(completion: Any) -> FinishReason:

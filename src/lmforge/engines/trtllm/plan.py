@@ -1,0 +1,431 @@
+"""One TensorRT-LLM build plan from a model folder's configuration.
+
+Every option that changes the compiled engine is collected here, checked, and turned into
+TensorRT-LLM's build and quantization settings: shapes (``max_input_len``, ``max_seq_len``,
+``max_batch_size``, ``max_num_tokens``, beam width), ``dtype``, quantization (``smoothquant`` with
+alpha and per-token/per-channel scaling, ``awq``, ``fp8``, ``int8_wo``/``int4_wo``, plus the KV-cache
+dtype), tensor/pipeline parallelism, paged KV cache, context FMHA and LoRA. Invalid combinations are
+refused with one message listing every problem, before anything is downloaded or compiled.
+
+The plan's :meth:`BuildPlan.cache_key` hashes all of it together with the model id and revision, the
+GPU architecture and the TensorRT-LLM version, so a changed option never reuses a stale engine (LMI
+keys its cache on model + TP + PP only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+
+PINNED_VERSION = "1.2.1"
+PLAN_FILE = "lmforge-trtllm-plan.json"
+
+#: option.quantize -> (TensorRT-LLM QuantAlgo, needs calibration data)
+QUANT_ALGOS: dict[str, tuple[str, bool]] = {
+    "smoothquant": ("W8A8_SQ_PER_TENSOR_PLUGIN", True),  # refined by the per-token/per-channel options
+    "awq": ("W4A16_AWQ", True),
+    "fp8": ("FP8", True),
+    "int8_wo": ("W8A16", False),
+    "int4_wo": ("W4A16", False),
+}
+KV_CACHE_ALGOS = {"auto": None, "fp8": "FP8", "int8": "INT8"}
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+FP8_MIN_SM = 89  # Ada / Hopper and newer
+
+
+class PlanError(LmforgeError):
+    """A build plan TensorRT-LLM cannot compile; the message lists every problem."""
+
+    kind = "model_error"
+
+
+@dataclass(frozen=True)
+class TrtllmOptions:
+    """TensorRT-LLM options that are not in lmforge's general schema (``option.<name>``), with LMI's
+    names and defaults."""
+
+    max_num_tokens: int = 16384
+    max_beam_width: int = 1
+    smoothquant_alpha: float = 0.8
+    smoothquant_per_token: bool = False
+    smoothquant_per_channel: bool = False
+    awq_block_size: int = 128
+    kv_cache_dtype: str = "auto"
+    use_paged_context_fmha: bool = True
+    enable_context_fmha: bool = True
+    enable_kv_cache_reuse: bool = False
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    calib_size: int = 512
+    use_custom_all_reduce: bool = True
+
+
+_RUNTIME_ONLY = frozenset({"enable_kv_cache_reuse", "kv_cache_free_gpu_mem_fraction"})
+_IGNORED = frozenset({"entryPoint", "model_dir"})
+
+
+def _typed(name: str, text: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError("expected true or false")
+    if isinstance(default, int):
+        value = int(text)
+        if value < 1:
+            raise ValueError("expected a positive integer")
+        return value
+    if isinstance(default, float):
+        return float(text)
+    return text.strip()
+
+
+def parse_options(extra: Mapping[str, str]) -> tuple[TrtllmOptions, list[str]]:
+    """The TensorRT-LLM options among ``extra`` (``option.*`` keys outside lmforge's schema) and the
+    problems with them (unknown names get the closest valid one)."""
+    defaults = TrtllmOptions()
+    known = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(TrtllmOptions)}
+    values: dict[str, Any] = {}
+    problems = []
+    for name, text in sorted(extra.items()):
+        if name in _IGNORED:
+            continue
+        key = name.replace("-", "_")
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean option.{close[0]}?" if close else ""
+            problems.append(f"option.{name} is not a TensorRT-LLM option lmforge knows{hint}")
+            continue
+        try:
+            values[key] = _typed(key, text, known[key])
+        except ValueError as exc:
+            problems.append(f"option.{name} = {text!r}: {exc}")
+    return TrtllmOptions(**values), problems
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides the compiled engine (and nothing that does not)."""
+
+    model_id: str
+    revision: str | None
+    architecture: str
+    dtype: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_num_tokens: int
+    max_beam_width: int
+    quant_algo: str | None
+    kv_cache_quant_algo: str | None
+    smoothquant_alpha: float | None
+    awq_block_size: int | None
+    calib_size: int | None
+    paged_kv_cache: bool
+    context_fmha: bool
+    paged_context_fmha: bool
+    use_custom_all_reduce: bool
+    lora: bool
+    max_lora_rank: int | None
+    max_loras: int | None
+    gpu_arch: str | None
+    trtllm_version: str
+    runtime: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Runtime-only settings (KV-cache memory fraction, block reuse): not part of the cache key."""
+
+    def build_fields(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("runtime")
+        return out
+
+    def cache_key(self) -> str:
+        """Hash of every build-affecting field (model, revision, options, GPU arch, TRT-LLM version)."""
+        canonical = json.dumps(self.build_fields(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.build_fields(), "runtime": dict(self.runtime), "cache_key": self.cache_key()}
+
+    def build_config(self) -> dict[str, Any]:
+        """Keyword arguments for TensorRT-LLM's ``BuildConfig``."""
+        return {
+            "max_input_len": self.max_input_len,
+            "max_seq_len": self.max_seq_len,
+            "max_batch_size": self.max_batch_size,
+            "max_num_tokens": self.max_num_tokens,
+            "max_beam_width": self.max_beam_width,
+        }
+
+    def plugin_config(self) -> dict[str, Any]:
+        """Plugin settings (``BuildConfig.plugin_config``)."""
+        plugins: dict[str, Any] = {
+            "paged_kv_cache": self.paged_kv_cache,
+            "context_fmha": self.context_fmha,
+            "use_paged_context_fmha": self.paged_context_fmha,
+            "use_custom_all_reduce": self.use_custom_all_reduce,
+        }
+        if self.lora:
+            plugins["lora_plugin"] = self.dtype
+        return plugins
+
+    def quant_config(self) -> dict[str, Any]:
+        """Keyword arguments for TensorRT-LLM's ``QuantConfig`` (empty without quantization)."""
+        out: dict[str, Any] = {}
+        if self.quant_algo:
+            out["quant_algo"] = self.quant_algo
+        if self.kv_cache_quant_algo:
+            out["kv_cache_quant_algo"] = self.kv_cache_quant_algo
+        if self.smoothquant_alpha is not None:
+            out["smoothquant_val"] = self.smoothquant_alpha
+        if self.awq_block_size is not None:
+            out["group_size"] = self.awq_block_size
+        return out
+
+    def render(self) -> str:
+        rows = [
+            ("model", f"{self.model_id}" + (f" @ {self.revision}" if self.revision else "")),
+            ("architecture", self.architecture),
+            ("dtype", self.dtype),
+            ("parallel", f"tensor {self.tensor_parallel} x pipeline {self.pipeline_parallel}"),
+            (
+                "shapes",
+                f"batch {self.max_batch_size}, input {self.max_input_len}, seq {self.max_seq_len}, "
+                f"tokens/step {self.max_num_tokens}, beams {self.max_beam_width}",
+            ),
+            ("quantization", self.quant_algo or "none"),
+            ("KV cache", f"paged, {self.kv_cache_quant_algo or self.dtype}"),
+            (
+                "attention",
+                f"context FMHA {'on' if self.context_fmha else 'off'}, paged context FMHA "
+                f"{'on' if self.paged_context_fmha else 'off'}",
+            ),
+            ("LoRA", f"rank <= {self.max_lora_rank}, {self.max_loras} adapters" if self.lora else "off"),
+            ("GPU arch", self.gpu_arch or "the build machine's"),
+            ("TensorRT-LLM", self.trtllm_version),
+            ("cache key", self.cache_key()),
+        ]
+        if self.smoothquant_alpha is not None:
+            rows.insert(6, ("smoothquant", f"alpha {self.smoothquant_alpha}"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows) + "\n"
+
+
+def _model_config(config: ServingConfig) -> dict[str, Any]:
+    folder = config.model_path
+    if folder is None or not (folder / "config.json").is_file():
+        return {}
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _dtype(config: ServingConfig, hf: Mapping[str, Any]) -> str:
+    if config.dtype != "auto":
+        return _DTYPES[config.dtype]
+    declared = str(hf.get("torch_dtype") or hf.get("dtype") or "float16")
+    return "float16" if declared == "float32" else declared  # TensorRT-LLM builds fp32 checkpoints in fp16
+
+
+def gpu_arch() -> str | None:
+    """``sm<major><minor>`` of GPU 0 when torch sees one (engines are not portable across arches)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"sm{major}{minor}"
+
+
+def installed_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tensorrt-llm")
+    except PackageNotFoundError:
+        return None
+
+
+def make_plan(
+    config: ServingConfig,
+    extra_options: Mapping[str, str],
+    *,
+    arch: str | None = None,
+    trtllm_version: str | None = None,
+    device_count: int | None = None,
+) -> BuildPlan:
+    """The build plan for ``config``; :class:`PlanError` lists every problem at once."""
+    opts, problems = parse_options(extra_options)
+    hf = _model_config(config)
+    model_id = str(config.model_id or config.model_dir or "")
+    if not model_id:
+        problems.append("no model: set option.model_id or put the weights in the model folder")
+
+    tp = _tensor_parallel(config.tensor_parallel_degree, device_count)
+    pp = config.pipeline_parallel_degree
+    heads = hf.get("num_attention_heads")
+    if isinstance(heads, int) and heads % tp:
+        problems.append(
+            f"option.tensor_parallel_degree={tp} does not divide the model's {heads} attention heads"
+        )
+    layers = hf.get("num_hidden_layers")
+    if isinstance(layers, int) and pp > layers:
+        problems.append(f"option.pipeline_parallel_degree={pp} is more than the model's {layers} layers")
+
+    max_position = hf.get("max_position_embeddings")
+    max_input = config.max_input_len or 1024
+    if config.max_model_len is not None:
+        max_seq = config.max_model_len
+    elif config.max_output_len is not None:
+        max_seq = max_input + config.max_output_len
+    else:
+        max_seq = int(max_position) if isinstance(max_position, int) else max_input + 512
+    if max_input >= max_seq:
+        problems.append(
+            f"option.max_input_len={max_input} leaves no room to generate within max_seq_len={max_seq} "
+            "(raise option.max_model_len or lower option.max_input_len)"
+        )
+    if isinstance(max_position, int) and max_seq > max_position and not config.rope_scaling:
+        problems.append(
+            f"max_seq_len={max_seq} is more than the model's max_position_embeddings={max_position} "
+            "(set option.rope_scaling to extend it)"
+        )
+    if opts.max_num_tokens < max_input and not opts.use_paged_context_fmha:
+        problems.append(
+            f"option.max_num_tokens={opts.max_num_tokens} is less than option.max_input_len={max_input}: a "
+            "long prompt would not fit one step (enable option.use_paged_context_fmha for chunked context)"
+        )
+
+    dtype = _dtype(config, hf)
+    quant_algo: str | None = None
+    sq_alpha: float | None = None
+    awq_block: int | None = None
+    calib: int | None = None
+    method = (config.quantize or "").lower() or None
+    if method is not None:
+        if method not in QUANT_ALGOS:
+            close = difflib.get_close_matches(method, list(QUANT_ALGOS), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(
+                f"option.quantize={method!r} is not one of {', '.join(QUANT_ALGOS)} for TensorRT-LLM{hint}"
+            )
+        else:
+            quant_algo, needs_calibration = QUANT_ALGOS[method]
+            calib = opts.calib_size if needs_calibration else None
+            if dtype == "float32":
+                problems.append(f"option.quantize={method} needs option.dtype fp16 or bf16, not fp32")
+    if method == "smoothquant":
+        if not 0.0 <= opts.smoothquant_alpha <= 1.0:
+            problems.append(f"option.smoothquant_alpha={opts.smoothquant_alpha} must be between 0 and 1")
+        sq_alpha = opts.smoothquant_alpha
+        quant_algo = _smoothquant_algo(opts.smoothquant_per_channel, opts.smoothquant_per_token)
+    elif opts.smoothquant_per_token or opts.smoothquant_per_channel:
+        problems.append(
+            "option.smoothquant_per_token / smoothquant_per_channel need option.quantize=smoothquant"
+        )
+    if method == "awq":
+        if opts.awq_block_size not in (64, 128):
+            problems.append(f"option.awq_block_size={opts.awq_block_size} must be 64 or 128")
+        awq_block = opts.awq_block_size
+    if opts.kv_cache_dtype not in KV_CACHE_ALGOS:
+        problems.append(
+            f"option.kv_cache_dtype={opts.kv_cache_dtype!r} must be one of {', '.join(KV_CACHE_ALGOS)}"
+        )
+    kv_algo = KV_CACHE_ALGOS.get(opts.kv_cache_dtype)
+    fp8_used = method == "fp8" or kv_algo == "FP8"
+    if fp8_used and arch is not None and int(arch.removeprefix("sm")) < FP8_MIN_SM:
+        problems.append(f"FP8 needs a GPU of sm{FP8_MIN_SM} or newer (Ada, Hopper); this one is {arch}")
+    if config.enable_lora and method in ("smoothquant", "fp8"):
+        problems.append(
+            f"LoRA adapters cannot be combined with option.quantize={method} in TensorRT-LLM builds"
+        )
+    if opts.max_beam_width > 1 and config.enable_lora:
+        problems.append("beam search (option.max_beam_width > 1) cannot be combined with LoRA")
+    if opts.enable_kv_cache_reuse and not opts.use_paged_context_fmha:
+        problems.append("option.enable_kv_cache_reuse needs option.use_paged_context_fmha=true")
+    if not 0.0 < opts.kv_cache_free_gpu_mem_fraction <= 1.0:
+        problems.append("option.kv_cache_free_gpu_mem_fraction must be in (0, 1]")
+    if problems:
+        raise PlanError("invalid TensorRT-LLM build plan:\n  " + "\n  ".join(problems))
+    architectures = hf.get("architectures") or ["unknown"]
+    return BuildPlan(
+        model_id=model_id,
+        revision=config.revision,
+        architecture=str(architectures[0]),
+        dtype=dtype,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        max_batch_size=config.max_rolling_batch_size,
+        max_input_len=max_input,
+        max_seq_len=max_seq,
+        max_num_tokens=opts.max_num_tokens,
+        max_beam_width=opts.max_beam_width,
+        quant_algo=quant_algo,
+        kv_cache_quant_algo=kv_algo,
+        smoothquant_alpha=sq_alpha,
+        awq_block_size=awq_block,
+        calib_size=calib,
+        paged_kv_cache=True,
+        context_fmha=opts.enable_context_fmha,
+        paged_context_fmha=opts.use_paged_context_fmha,
+        use_custom_all_reduce=opts.use_custom_all_reduce,
+        lora=config.enable_lora,
+        max_lora_rank=config.max_lora_rank if config.enable_lora else None,
+        max_loras=config.max_loras if config.enable_lora else None,
+        gpu_arch=arch,
+        trtllm_version=trtllm_version or installed_version() or PINNED_VERSION,
+        runtime={
+            "kv_cache_free_gpu_mem_fraction": opts.kv_cache_free_gpu_mem_fraction,
+            "enable_kv_cache_reuse": opts.enable_kv_cache_reuse,
+        },
+    )
+
+
+def _smoothquant_algo(per_channel: bool, per_token: bool) -> str:
+    """TensorRT-LLM's QuantAlgo name for SmoothQuant with these scaling granularities."""
+    if not per_channel and not per_token:
+        return "W8A8_SQ_PER_TENSOR_PLUGIN"
+    channel = "PER_CHANNEL" if per_channel else "PER_TENSOR"
+    token = "PER_TOKEN" if per_token else "PER_TENSOR"
+    return f"W8A8_SQ_{channel}_{token}_PLUGIN"
+
+
+def _tensor_parallel(value: int | str, device_count: int | None) -> int:
+    if value != "max":
+        return int(value)
+    return device_count if device_count is not None else _device_count()  # every visible GPU
+
+
+def _device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 1
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def read_plan(folder: Path) -> dict[str, Any] | None:
+    """The plan recorded in a compiled engine folder, or None."""
+    path = folder / PLAN_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
