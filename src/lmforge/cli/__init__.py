@@ -14,6 +14,7 @@ def main() -> None:
 
 
 def _register() -> None:
+    from lmforge.cli.compile_cmd import compile_command
     from lmforge.cli.config_cmd import config_group
     from lmforge.cli.container_cmd import container_group, image_uri_command
     from lmforge.cli.deploy_cmd import delete_command, deploy_command, wait_command
@@ -37,6 +38,7 @@ def _register() -> None:
     main.add_command(delete_command)
     main.add_command(invoke_command)
     main.add_command(container_group)
+    main.add_command(compile_command)
     main.add_command(image_uri_command)
 
 

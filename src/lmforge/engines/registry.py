@@ -40,7 +40,7 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("vllm", "lmforge.engines.vllm.engine:VllmEngine", ("vllm",), "vllm"),
-    "trtllm": Backend("trtllm", None, ("tensorrt_llm",), "trtllm"),
+    "trtllm": Backend("trtllm", "lmforge.engines.trtllm.engine:TrtllmEngine", ("tensorrt_llm",), "trtllm"),
     "lmi-dist": Backend(
         "lmi-dist", "lmforge.engines.lmi_dist.engine:LmiDistEngine", ("torch", "transformers"), "lmi-dist"
     ),

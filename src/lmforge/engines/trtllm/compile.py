@@ -108,8 +108,7 @@ def compile_engine(
             raise CompileError(
                 f"the TensorRT-LLM build did not finish within {timeout_s:.0f} s "
                 "(option.model_loading_timeout); compile ahead of time with `lmforge compile` and deploy "
-                "the engine instead. Last output:\n"
-                + "\n".join(tail)
+                "the engine instead. Last output:\n" + "\n".join(tail)
             )
         if proc.returncode != 0:
             raise CompileError(

@@ -232,7 +232,17 @@ def _model_config(config: ServingConfig) -> dict[str, Any]:
         data = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    pretrained = data.get("pretrained_config")
+    if isinstance(pretrained, dict):  # a compiled engine folder: the model's shape is recorded here
+        arch = pretrained.get("architecture")
+        return {
+            **pretrained,
+            "architectures": [arch] if arch else None,
+            "torch_dtype": pretrained.get("dtype"),
+        }
+    return data
 
 
 def _dtype(config: ServingConfig, hf: Mapping[str, Any]) -> str:
@@ -290,13 +300,14 @@ def make_plan(
         problems.append(f"option.pipeline_parallel_degree={pp} is more than the model's {layers} layers")
 
     max_position = hf.get("max_position_embeddings")
-    max_input = config.max_input_len or 1024
     if config.max_model_len is not None:
         max_seq = config.max_model_len
     elif config.max_output_len is not None:
-        max_seq = max_input + config.max_output_len
+        max_seq = (config.max_input_len or 1024) + config.max_output_len
     else:
-        max_seq = int(max_position) if isinstance(max_position, int) else max_input + 512
+        max_seq = int(max_position) if isinstance(max_position, int) else 2048
+    # LMI's default prompt limit is 1024 tokens; never more than half of a shorter sequence
+    max_input = config.max_input_len or min(1024, max(1, max_seq // 2))
     if max_input >= max_seq:
         problems.append(
             f"option.max_input_len={max_input} leaves no room to generate within max_seq_len={max_seq} "

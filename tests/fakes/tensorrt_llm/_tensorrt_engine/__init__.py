@@ -1,0 +1,181 @@
+"""FAKE tensorrt_llm._tensorrt_engine (tests only): the TensorRT-engine flavour of ``LLM``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tensorrt_llm.llmapi import BuildConfig, SamplingParams
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+
+
+def fake_next_token(prompt: list[int], generated: list[int], vocab: int) -> int:
+    """The fake engine's deterministic "model": a function of the last token and the position."""
+    last = (generated or prompt)[-1]
+    return (last * 31 + 7 * (len(generated) + 1)) % (vocab - 10) + 5
+
+
+class GenerationResult:
+    def __init__(
+        self, llm: LLM, request_id: int, prompt: list[int], params: SamplingParams, streaming: bool
+    ) -> None:
+        self._llm, self._prompt, self._params, self._streaming = llm, prompt, params, streaming
+        self._aborted = False
+        self.output = RequestOutput(request_id, prompt, [CompletionOutput()])
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._llm.aborted.append(self.output.request_id)
+
+    def __aiter__(self) -> GenerationResult:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.output.finished:
+            raise StopAsyncIteration
+        await asyncio.sleep(0.001)
+        completion = self.output.outputs[0]
+        if self._aborted:
+            completion.finish_reason = "cancelled"
+            self.output.finished = True
+            return self.output
+        token = fake_next_token(self._prompt, completion.token_ids, self._llm.vocab)
+        completion.token_ids = [*completion.token_ids, token]
+        completion.logprobs = [
+            *completion.logprobs,
+            {token: Logprob(-0.5 - 0.01 * len(completion.token_ids), 1)},
+        ]
+        if (
+            self._llm.eos_after is not None
+            and len(completion.token_ids) >= self._llm.eos_after
+            and not self._params.ignore_eos
+        ):
+            completion.token_ids[-1] = self._llm.eos_id
+            completion.logprobs[-1] = {self._llm.eos_id: Logprob(-0.1, 1)}
+            completion.finish_reason = "stop"
+            self.output.finished = True
+        elif len(completion.token_ids) >= self._params.max_tokens:
+            completion.finish_reason = "length"
+            self.output.finished = True
+        return self.output
+
+
+class LLM:
+    """FAKE: builds (save) and serves with the same constructor keywords lmforge passes."""
+
+    instances: ClassVar[list[LLM]] = []
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: str | None = None,
+        *,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+        build_config: BuildConfig | None = None,
+        quant_config: Any = None,
+        kv_cache_config: Any = None,
+        revision: str | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int | None = None,
+        max_loras: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise TypeError(f"LLM() got unexpected keyword arguments {sorted(kwargs)}")
+        self.model = Path(model)
+        self.kwargs = {
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "quant_config": quant_config,
+            "kv_cache_config": kv_cache_config,
+            "build_config": build_config,
+        }
+        self.build_config = build_config
+        self.aborted: list[int] = []
+        self._next = 0
+        config = json.loads((self.model / "config.json").read_text())
+        pretrained = config.get("pretrained_config", config)
+        self.vocab = int(pretrained.get("vocab_size", 1000))
+        self.eos_id = int(pretrained.get("eos_token_id") or 2)
+        self.eos_after = (
+            int(os.environ["FAKE_TRTLLM_EOS_AFTER"]) if os.environ.get("FAKE_TRTLLM_EOS_AFTER") else None
+        )
+        LLM.instances.append(self)
+
+    def save(self, engine_dir: str) -> None:
+        out = Path(engine_dir)
+        print("[fake trtllm] converting checkpoint", flush=True)
+        if os.environ.get("FAKE_TRTLLM_BUILD_COUNT"):
+            with open(os.environ["FAKE_TRTLLM_BUILD_COUNT"], "a") as f:
+                f.write("build\n")
+        time.sleep(float(os.environ.get("FAKE_TRTLLM_BUILD_SECONDS", "0")))
+        if os.environ.get("FAKE_TRTLLM_FAIL"):
+            print("[fake trtllm] error: out of memory while building the engine", flush=True)
+            raise RuntimeError("fake build failure")
+        hf = json.loads((self.model / "config.json").read_text())
+        assert self.build_config is not None
+        build = {
+            k: getattr(self.build_config, k)
+            for k in ("max_input_len", "max_seq_len", "max_batch_size", "max_num_tokens")
+        }
+        pretrained = {
+            "architecture": (hf.get("architectures") or ["LlamaForCausalLM"])[0],
+            "dtype": self.kwargs["dtype"],
+            "vocab_size": hf.get("vocab_size", 1000),
+            "num_attention_heads": hf.get("num_attention_heads"),
+            "num_hidden_layers": hf.get("num_hidden_layers"),
+            "max_position_embeddings": hf.get("max_position_embeddings"),
+            "eos_token_id": hf.get("eos_token_id"),
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(
+            json.dumps({"version": "1.2.1", "pretrained_config": pretrained, "build_config": build})
+        )
+        for rank in range(self.kwargs["tensor_parallel_size"]):
+            (out / f"rank{rank}.engine").write_bytes(b"FAKE ENGINE")
+        print("[fake trtllm] engine saved", flush=True)
+
+    def generate_async(
+        self,
+        inputs: list[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        streaming: bool = False,
+        **kwargs: Any,
+    ) -> GenerationResult:
+        self._next += 1
+        return GenerationResult(
+            self, self._next, list(inputs), sampling_params or SamplingParams(), streaming
+        )
+
+    def shutdown(self) -> None:
+        pass

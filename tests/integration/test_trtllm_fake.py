@@ -1,0 +1,198 @@
+"""TensorRT-LLM control flow against the FAKE TensorRT-LLM package (tests/fakes/tensorrt_llm): JIT
+compile with progress, a cache keyed on the whole plan, failures and deadlines surfaced, AOT output
+served without compiling, and the backend streaming through a real ``lmforge serve`` process.
+
+No GPU or TensorRT-LLM is needed; what only real TensorRT-LLM can show is in the gpu-marked test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from lmforge.config import load_config
+from lmforge.engines.trtllm.compile import CompileError, ensure_engine, is_compiled
+from lmforge.engines.trtllm.plan import PLAN_FILE, make_plan
+from tests.utils import RemoteServer, metrics, stream_lines
+
+pytestmark = [pytest.mark.integration]
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """Child processes import the fake; the JIT cache is private to the test."""
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(FAKES), os.environ.get("PYTHONPATH", "")]),
+        "LMFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "FAKE_TRTLLM_BUILD_COUNT": str(tmp_path / "builds.txt"),
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def _model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
+    shutil.copytree(tiny_model, folder)
+    (folder / "serving.properties").write_text(
+        "option.rolling_batch=trtllm\noption.dtype=fp16\noption.max_model_len=512\noption.max_input_len=256\n"
+        + extra
+    )
+    return folder
+
+
+def _plan(folder: Path) -> Any:
+    resolved = load_config(folder, env={})
+    return make_plan(
+        resolved.config, resolved.extra_options, arch="sm90", trtllm_version="1.2.1", device_count=1
+    )
+
+
+def _builds(env: dict[str, str]) -> int:
+    path = Path(env["FAKE_TRTLLM_BUILD_COUNT"])
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_jit_builds_once_per_plan(tiny_model: Path, tmp_path: Path, fake_trtllm: dict[str, str]) -> None:
+    folder = _model(tiny_model, tmp_path / "m")
+    lines: list[str] = []
+    engine = ensure_engine(_plan(folder), folder, timeout_s=120, progress=lines.append)
+    assert is_compiled(engine) and engine.parent.name == "trtllm"
+    assert json.loads((engine / PLAN_FILE).read_text())["cache_key"] == engine.name
+    assert (engine / "tokenizer.json").is_file()  # carried beside the engines
+    assert any("[trtllm-build] [fake trtllm] engine saved" in line for line in lines)
+    assert _builds(fake_trtllm) == 1
+    assert ensure_engine(_plan(folder), folder, timeout_s=120) == engine  # cache hit
+    assert _builds(fake_trtllm) == 1
+    changed = _model(tiny_model, tmp_path / "m2", "option.max_rolling_batch_size=8\n")
+    other = ensure_engine(_plan(changed), changed, timeout_s=120)
+    assert other != engine and _builds(fake_trtllm) == 2  # a changed option never reuses a stale engine
+
+
+def test_build_failure_and_deadline_are_surfaced(
+    tiny_model: Path, tmp_path: Path, fake_trtllm: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _model(tiny_model, tmp_path / "m")
+    monkeypatch.setenv("FAKE_TRTLLM_FAIL", "1")
+    with pytest.raises(CompileError, match="out of memory while building the engine"):
+        ensure_engine(_plan(folder), folder, timeout_s=120)
+    monkeypatch.delenv("FAKE_TRTLLM_FAIL")
+    monkeypatch.setenv("FAKE_TRTLLM_BUILD_SECONDS", "30")
+    with pytest.raises(CompileError, match="did not finish within 3 s"):
+        ensure_engine(_plan(folder), folder, timeout_s=3)
+    cache = Path(fake_trtllm["LMFORGE_CACHE_DIR"]) / "trtllm"
+    assert not cache.exists() or not any(is_compiled(p) for p in cache.iterdir())  # nothing half-built left
+
+
+def test_aot_compile_output_serves_without_compiling(
+    tiny_model: Path, tmp_path: Path, fake_trtllm: dict[str, str]
+) -> None:
+    folder = _model(tiny_model, tmp_path / "m", "option.max_rolling_batch_size=4\n")
+    out = tmp_path / "engine"
+    env = {**os.environ, **fake_trtllm}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", "compile", str(folder), "--output", str(out), "--gpu-arch", "sm90"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert is_compiled(out) and (out / PLAN_FILE).is_file()
+    props = (out / "serving.properties").read_text()
+    assert "option.model_id" not in props and "option.rolling_batch=trtllm" in props
+    assert "option.max_rolling_batch_size=4" in props
+    builds = _builds(fake_trtllm)
+    recorded = json.loads((out / PLAN_FILE).read_text())
+    plan = make_plan(load_config(out, env={}).config, {}, arch="sm90", trtllm_version="1.2.1", device_count=1)
+    assert ensure_engine(plan, out, timeout_s=60) == out and _builds(fake_trtllm) == builds
+    assert recorded["max_batch_size"] == plan.max_batch_size == 4
+    other_gpu = make_plan(
+        load_config(out, env={}).config, {}, arch="sm80", trtllm_version="1.2.1", device_count=1
+    )
+    with pytest.raises(CompileError, match="gpu_arch: compiled 'sm90', configured 'sm80'"):
+        ensure_engine(other_gpu, out, timeout_s=60)
+
+
+def test_backend_streams_through_the_server(
+    tiny_model: Path, tmp_path: Path, fake_trtllm: dict[str, str]
+) -> None:
+    """The real server on the fake engine: tokens stream one by one with log-probs, stop strings and
+    lengths end with the right finish_reason, prompts over the built max_input_len are 400s, and a
+    disconnect aborts the request."""
+    folder = _model(tiny_model, tmp_path / "m")
+    with RemoteServer(folder, env={**fake_trtllm, "FAKE_TRTLLM_EOS_AFTER": ""}) as server:
+        lines = [
+            json.loads(line)
+            for _, line in stream_lines(
+                server.url + "/invocations",
+                {"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True}, "stream": True},
+            )
+        ]
+        assert len(lines) == 12
+        assert all(line["token"]["log_prob"] < 0 for line in lines)
+        assert lines[-1]["details"]["finish_reason"] == "length"
+        assert lines[-1]["generated_text"] == "".join(line["token"]["text"] for line in lines)
+        text = lines[-1]["generated_text"]
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        if stop.strip():
+            resp = httpx.post(
+                server.url + "/invocations",
+                json={
+                    "inputs": "def ",
+                    "parameters": {"max_new_tokens": 12, "stop": [stop], "details": True},
+                },
+                timeout=30,
+            ).json()
+            assert resp["details"]["finish_reason"] == "stop_sequence"
+            assert resp["generated_text"] == text[: text.index(stop)]
+        too_long = httpx.post(
+            server.url + "/invocations",
+            json={"inputs": "word " * 400, "parameters": {"max_new_tokens": 2}},
+            timeout=30,
+        )
+        assert too_long.status_code == 400 and too_long.json()["param"] == "inputs"
+        before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
+        with httpx.stream(
+            "POST",
+            server.url + "/invocations",
+            json={"inputs": "def ", "parameters": {"max_new_tokens": 200}, "stream": True},
+            timeout=30,
+        ) as resp:
+            it = resp.iter_lines()
+            next(it)
+        import time
+
+        deadline = time.monotonic() + 10
+        while metrics(server.url).get("lmforge_engine_aborted_total", 0.0) < before + 1:
+            assert time.monotonic() < deadline, "the disconnect did not abort the request"
+            time.sleep(0.1)
+        assert metrics(server.url)["lmforge_engine_running"] == 0
+
+
+@pytest.mark.gpu
+def test_real_tensorrt_llm_compiles_and_serves_the_example_model(tiny_model: Path, tmp_path: Path) -> None:
+    """Only where an NVIDIA GPU and the real TensorRT-LLM are installed."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    trtllm = pytest.importorskip("tensorrt_llm")
+    if str(getattr(trtllm, "__file__", "")).startswith(str(FAKES)):
+        pytest.skip("the fake TensorRT-LLM is on the path")
+    folder = _model(tiny_model, tmp_path / "m")
+    with RemoteServer(folder, startup_timeout=1800) as server:
+        out = httpx.post(
+            server.url + "/invocations",
+            json={"inputs": "def ", "parameters": {"max_new_tokens": 8, "details": True}},
+            timeout=120,
+        ).json()
+        assert out["details"]["generated_tokens"] == 8
