@@ -143,18 +143,16 @@ def test_backend_streams_through_the_server(
         assert lines[-1]["details"]["finish_reason"] == "length"
         assert lines[-1]["generated_text"] == "".join(line["token"]["text"] for line in lines)
         text = lines[-1]["generated_text"]
-        stop = text[len(text) // 2 : len(text) // 2 + 2]
-        if stop.strip():
-            resp = httpx.post(
-                server.url + "/invocations",
-                json={
-                    "inputs": "def ",
-                    "parameters": {"max_new_tokens": 12, "stop": [stop], "details": True},
-                },
-                timeout=30,
-            ).json()
-            assert resp["details"]["finish_reason"] == "stop_sequence"
-            assert resp["generated_text"] == text[: text.index(stop)]
+        stop = next(
+            text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].isalnum()
+        )
+        resp = httpx.post(
+            server.url + "/invocations",
+            json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "stop": [stop], "details": True}},
+            timeout=30,
+        ).json()
+        assert resp["details"]["finish_reason"] == "stop_sequence"
+        assert resp["generated_text"] == text[: text.index(stop)]
         too_long = httpx.post(
             server.url + "/invocations",
             json={"inputs": "word " * 400, "parameters": {"max_new_tokens": 2}},
