@@ -2,9 +2,15 @@
 
 Every name lmforge calls is resolved here, so the boundary is small and a test can stand a fake in
 for it (``tests/fakes/tensorrt_llm``, checked against the signatures recorded from the release's
-source in ``tests/fakes/trtllm_api.json``). The TensorRT engine flavour of ``LLM`` (the one that
-builds and loads engines) lives in ``tensorrt_llm._tensorrt_engine`` since 1.0, where
-``tensorrt_llm.LLM`` became the PyTorch flavour.
+source in ``tests/fakes/trtllm_api.json``). Facts from the 1.2 source that shape the calls:
+
+- the TensorRT engine flavour of ``LLM`` (which builds, saves and loads engines) is
+  ``tensorrt_llm._tensorrt_engine.LLM``; ``tensorrt_llm.LLM`` is the PyTorch flavour since 1.0;
+- ``build_config`` wins over the LLM's own shape arguments; LoRA sizes go in ``lora_config``;
+- per-token log-probs need ``gather_generation_logits=True`` on the LLM;
+- ``SamplingParams.max_tokens`` defaults to 32, so it is always set; ``seed`` is the seed's name;
+- ``generate_async`` must be called inside the running event loop; its result is one object,
+  updated in place per streamed step, with ``finish_reason`` in stop / length / timeout / cancelled.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class TrtllmApi:
     QuantConfig: Any
     QuantAlgo: Any
     KvCacheConfig: Any
+    LoraConfig: Any
     LoRARequest: Any
     version: str
 
@@ -36,8 +43,17 @@ def load_api() -> TrtllmApi:
     try:
         import tensorrt_llm
         from tensorrt_llm._tensorrt_engine import LLM
+        from tensorrt_llm.builder import BuildConfig
         from tensorrt_llm.executor.request import LoRARequest
-        from tensorrt_llm.llmapi import BuildConfig, KvCacheConfig, QuantAlgo, QuantConfig, SamplingParams
+        from tensorrt_llm.llmapi import KvCacheConfig
+        from tensorrt_llm.models.modeling_utils import QuantConfig
+        from tensorrt_llm.quantization.mode import QuantAlgo
+        from tensorrt_llm.sampling_params import SamplingParams
+
+        try:
+            from tensorrt_llm.lora_helper import LoraConfig
+        except ImportError:  # its older home
+            from tensorrt_llm.lora_manager import LoraConfig
     except ImportError as exc:
         raise TrtllmUnavailableError(
             f"option.rolling_batch=trtllm needs TensorRT-LLM ({exc}): install it on a machine with an NVIDIA "
@@ -51,6 +67,7 @@ def load_api() -> TrtllmApi:
         QuantConfig=QuantConfig,
         QuantAlgo=QuantAlgo,
         KvCacheConfig=KvCacheConfig,
+        LoraConfig=LoraConfig,
         LoRARequest=LoRARequest,
         version=str(getattr(tensorrt_llm, "__version__", "unknown")),
     )

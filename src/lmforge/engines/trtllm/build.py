@@ -54,8 +54,9 @@ def llm_kwargs(api: TrtllmApi, plan: dict[str, Any], source: str) -> dict[str, A
         kwargs["quant_config"] = api.QuantConfig(**quant)
     if plan["lora"]:
         kwargs["enable_lora"] = True
-        kwargs["max_lora_rank"] = plan["max_lora_rank"]
-        kwargs["max_loras"] = plan["max_loras"]
+        kwargs["lora_config"] = api.LoraConfig(
+            max_lora_rank=plan["max_lora_rank"], max_loras=plan["max_loras"]
+        )
     return kwargs
 
 

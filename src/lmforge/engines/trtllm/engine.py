@@ -32,6 +32,7 @@ log = logging.getLogger("lmforge.engines.trtllm")
 
 #: TensorRT-LLM's finish reasons -> lmforge's (a stop string is found by lmforge itself)
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.EOS, "cancelled": FinishReason.ABORT}
+# anything else ("timeout", unknown) ends the stream with an error event that names it
 
 
 class TrtllmEngine:
@@ -106,7 +107,14 @@ class TrtllmEngine:
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
 
+    def _executor_down(self) -> bool:
+        executor = getattr(self._llm, "_executor", None)
+        is_shutdown = getattr(executor, "is_shutdown", None)
+        return bool(callable(is_shutdown) and is_shutdown())
+
     def check_health(self) -> None:
+        if self._dead is None and self._llm is not None and self._executor_down():
+            self._dead = "its executor shut down"
         if self._dead is not None:
             raise EngineDeadError(f"the TensorRT-LLM engine failed: {self._dead}")
         if self._llm is None:
@@ -126,9 +134,9 @@ class TrtllmEngine:
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,
-            temperature=params.temperature if sampled else 0.0,
-            top_k=params.top_k if sampled else 0,
-            top_p=params.top_p if sampled else 1.0,
+            temperature=params.temperature if sampled else 0.0,  # 0: greedy
+            top_k=(params.top_k or None) if sampled else None,
+            top_p=params.top_p if sampled else None,
             repetition_penalty=params.repetition_penalty,
             seed=params.seed,
             ignore_eos=params.ignore_eos,
@@ -181,14 +189,12 @@ class TrtllmEngine:
                     return
             if not state.finished:
                 yield state.final(FinishReason.ABORT)
-        except (RuntimeError, OSError) as exc:
-            self._dead = f"{type(exc).__name__}: {exc}"
-            log.error("TensorRT-LLM request failed: %s", self._dead)
-            yield state.final(
-                FinishReason.ERROR,
-                f"the TensorRT-LLM engine failed: {exc}",
-                ERROR_TABLE["engine_dead"].status,
-            )
+        except Exception as exc:  # TensorRT-LLM raises a request's error while it is iterated
+            log.error("TensorRT-LLM request %s failed: %s: %s", rid, type(exc).__name__, exc)
+            if self._executor_down():
+                self._dead = f"{type(exc).__name__}: {exc}"
+            status = ERROR_TABLE["engine_dead" if self._dead else "model_error"].status
+            yield state.final(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status)
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1

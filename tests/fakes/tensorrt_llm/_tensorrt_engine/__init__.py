@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tensorrt_llm.llmapi import BuildConfig, SamplingParams
+from tensorrt_llm.builder import BuildConfig
+from tensorrt_llm.sampling_params import SamplingParams
 
 
 @dataclass
@@ -96,21 +97,25 @@ class LLM:
         self,
         model: str,
         tokenizer: str | None = None,
-        *,
-        dtype: str = "auto",
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
         tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        *,
         pipeline_parallel_size: int = 1,
         build_config: BuildConfig | None = None,
         quant_config: Any = None,
         kv_cache_config: Any = None,
-        revision: str | None = None,
         enable_lora: bool = False,
-        max_lora_rank: int | None = None,
-        max_loras: int | None = None,
+        lora_config: Any = None,
+        gather_generation_logits: bool = False,
         **kwargs: Any,
     ) -> None:
-        if kwargs:
-            raise TypeError(f"LLM() got unexpected keyword arguments {sorted(kwargs)}")
+        if kwargs:  # like TrtLlmArgs (a strict model): unknown arguments are refused
+            raise ValueError(f"LLM() got unexpected keyword arguments {sorted(kwargs)}")
         self.model = Path(model)
         self.kwargs = {
             "dtype": dtype,
@@ -168,10 +173,16 @@ class LLM:
         self,
         inputs: list[int],
         sampling_params: SamplingParams | None = None,
-        *,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
         streaming: bool = False,
-        **kwargs: Any,
+        kv_cache_retention_config: Any = None,
+        disaggregated_params: Any = None,
+        _postproc_params: Any = None,
+        scheduling_params: Any = None,
+        cache_salt: str | None = None,
     ) -> GenerationResult:
+        asyncio.get_running_loop()  # like the real one: requests are made inside the event loop
         self._next += 1
         return GenerationResult(
             self, self._next, list(inputs), sampling_params or SamplingParams(), streaming

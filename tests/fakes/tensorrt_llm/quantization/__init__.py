@@ -1,0 +1,1 @@
+"""FAKE tensorrt_llm.quantization (tests only)."""
