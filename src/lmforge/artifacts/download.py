@@ -104,10 +104,21 @@ def _boto3(client: Any, bucket: str, prefix: str, target: Path, progress: Callab
         import boto3
 
         client = boto3.client("s3")
+    count, total = download_prefix(client, bucket, prefix, target)
+    progress(f"downloaded {count} files ({total / 2**20:.1f} MB)")
+
+
+def download_prefix(
+    client: Any, bucket: str, prefix: str, target: Path, *, deadline: float | None = None
+) -> tuple[int, int]:
+    """Copy every object under ``s3://bucket/prefix/`` into ``target`` (keys that climb out of the
+    prefix are refused; ``deadline`` is a ``time.monotonic()`` value). Returns (files, bytes)."""
+    import time
+
     from boto3.s3.transfer import TransferConfig
 
     config = TransferConfig(max_concurrency=8, multipart_chunksize=64 * 2**20)
-    start = f"{prefix}/" if prefix else ""
+    start = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     count = total = 0
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=start):
         for obj in page.get("Contents", []):
@@ -122,9 +133,11 @@ def _boto3(client: Any, bucket: str, prefix: str, target: Path, progress: Callab
             client.download_file(bucket, obj["Key"], str(dest), Config=config)
             count += 1
             total += int(obj.get("Size", 0))
+            if deadline is not None and time.monotonic() > deadline:
+                raise DownloadError(f"downloading s3://{bucket}/{start} took longer than allowed")
     if count == 0:
-        raise DownloadError(f"no objects under s3://{bucket}/{start}: check option.model_id")
-    progress(f"downloaded {count} files ({total / 2**20:.1f} MB)")
+        raise DownloadError(f"no objects under s3://{bucket}/{start}")
+    return count, total
 
 
 def _fetch_hub(model_id: str, revision: str | None, root: Path, progress: Callable[[str], None]) -> Path:

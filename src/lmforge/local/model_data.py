@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 
@@ -82,28 +82,19 @@ def _download_archive(s3: Any, uri: str, model_dir: Path, deadline: float) -> No
 
 def _download_prefix(s3: Any, uri: str, model_dir: Path, deadline: float) -> None:
     from lmforge.artifacts import PackageError, verify_folder
+    from lmforge.artifacts.download import DownloadError, download_prefix
 
     bucket, prefix = _split_s3(uri)
-    if prefix and not prefix.endswith("/"):
-        prefix += "/"
-    count = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix) :]
-            if not rel or rel.endswith("/"):
-                continue
-            parts = PurePosixPath(rel).parts
-            if ".." in parts or rel.startswith("/"):
-                raise ModelDataError(
-                    f"Refusing model data {uri}: object key {obj['Key']!r} escapes the prefix"
-                )
-            target = model_dir.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, obj["Key"], str(target))
-            count += 1
-            _check_deadline(deadline, uri)
-    if count == 0:
-        raise ModelDataError(f"Failed to download model data: no objects under {uri}")
+    try:
+        download_prefix(s3, bucket, prefix, model_dir, deadline=deadline)
+    except DownloadError as exc:
+        if "took longer" in str(exc):
+            raise ModelDataError(
+                f"Downloading {uri} took longer than ModelDataDownloadTimeoutInSeconds allows"
+            ) from None
+        if "escapes" in str(exc):
+            raise ModelDataError(f"Refusing model data {uri}: {exc}") from None
+        raise ModelDataError(f"Failed to download model data: {exc}") from None
     try:
         verify_folder(model_dir)
     except PackageError as exc:

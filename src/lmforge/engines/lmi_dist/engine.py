@@ -27,6 +27,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
@@ -189,13 +190,11 @@ def build(cfg: ServingConfig) -> Built:
     return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids)
 
 
-class LmiDistEngine:
+class LmiDistEngine(EngineBase):
     name = "lmi-dist"
 
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
-        self.config = config
-        self.extra_options = dict(extra_options or {})  # LMI-Dist takes none; the config warned about them
-        self._tokenizer: Any = None
+        super().__init__(config, extra_options)  # LMI-Dist takes no extra options; the config warned
         self._model: Any = None
         self._manager: Any = None
         self._sampler: RequestSampler | None = None
@@ -209,18 +208,9 @@ class LmiDistEngine:
         self._dead: str | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
-        self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0, "waiting": 0.0}
-        self.load_seconds = 0.0
+        self._counters["waiting"] = 0.0
 
     # ------------------------------------------------------------------ lifecycle
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def model_name(self) -> str:
-        return self.config.model_id or (self.config.model_dir.name if self.config.model_dir else "model")
 
     async def start(self) -> None:
         started = time.monotonic()

@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
@@ -35,7 +36,7 @@ _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.EOS, "cancelled":
 # anything else ("timeout", unknown) ends the stream with an error event that names it
 
 
-class TrtllmEngine:
+class TrtllmEngine(EngineBase):
     name = "trtllm"
 
     def __init__(
@@ -45,26 +46,14 @@ class TrtllmEngine:
         *,
         api: TrtllmApi | None = None,
     ) -> None:
-        self.config = config
-        self.extra_options = dict(extra_options or {})
+        super().__init__(config, extra_options)
         self._api = api
         self._llm: Any = None
-        self._tokenizer: Any = None
         self.plan: BuildPlan | None = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
         self._live: dict[str, Any] = {}
         self._dead: str | None = None
-        self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
-        self.load_seconds = 0.0
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def model_name(self) -> str:
-        return self.config.model_id or (self.config.model_dir.name if self.config.model_dir else "model")
 
     async def start(self) -> None:
         from lmforge.engines.trtllm.api import load_api

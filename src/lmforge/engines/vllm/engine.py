@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
@@ -56,30 +57,18 @@ class _Live:
     aborted: bool = False
 
 
-class VllmEngine:
+class VllmEngine(EngineBase):
     name = "vllm"
 
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
-        self.config = config
-        self.extra_options = dict(extra_options or {})
+        super().__init__(config, extra_options)
         self._llm: Any = None
-        self._tokenizer: Any = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
         self._live: dict[str, _Live] = {}
         self._submissions = 0
-        self._counters = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
-        self.load_seconds = 0.0
 
     # ------------------------------------------------------------------ lifecycle
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def model_name(self) -> str:
-        return self.config.model_id or (self.config.model_dir.name if self.config.model_dir else "model")
 
     async def start(self) -> None:
         from lmforge.engines.vllm.options import engine_kwargs
