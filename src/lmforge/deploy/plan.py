@@ -178,6 +178,13 @@ class ModelShape:
     @classmethod
     def from_config(cls, data: dict[str, Any]) -> ModelShape:
         """Read a Hugging Face ``config.json`` dict; raises PlanError when a needed key is missing."""
+        pretrained = data.get("pretrained_config")
+        if isinstance(pretrained, dict):  # a compiled TensorRT-LLM engine folder records the shape here
+            data = {
+                **pretrained,
+                "torch_dtype": pretrained.get("dtype"),
+                "architectures": [pretrained.get("architecture")],
+            }
         outer = data
         text = data.get("text_config")
         if isinstance(text, dict) and _first(data, "hidden_size", "n_embd", "d_model") is None:
