@@ -100,7 +100,7 @@ def test_aot_compile_output_serves_without_compiling(
     out = tmp_path / "engine"
     env = {**os.environ, **fake_trtllm}
     proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", "compile", str(folder), "--output", str(out), "--gpu-arch", "sm90"],
+        [sys.executable, "-m", "lmforge", "compile", str(folder), "--output", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -113,14 +113,25 @@ def test_aot_compile_output_serves_without_compiling(
     assert "option.max_rolling_batch_size=4" in props
     builds = _builds(fake_trtllm)
     recorded = json.loads((out / PLAN_FILE).read_text())
-    plan = make_plan(load_config(out, env={}).config, {}, arch="sm90", trtllm_version="1.2.1", device_count=1)
+    arch = recorded["gpu_arch"]  # the build machine's (none here)
+    plan = make_plan(load_config(out, env={}).config, {}, arch=arch, trtllm_version="1.2.1", device_count=1)
     assert ensure_engine(plan, out, timeout_s=60) == out and _builds(fake_trtllm) == builds
     assert recorded["max_batch_size"] == plan.max_batch_size == 4
     other_gpu = make_plan(
         load_config(out, env={}).config, {}, arch="sm80", trtllm_version="1.2.1", device_count=1
     )
-    with pytest.raises(CompileError, match="gpu_arch: compiled 'sm90', configured 'sm80'"):
+    with pytest.raises(CompileError, match=f"gpu_arch: compiled {arch!r}, configured 'sm80'"):
         ensure_engine(other_gpu, out, timeout_s=60)
+    for bad in (folder, tmp_path):  # never overwrite the model or an unrelated folder
+        refused = subprocess.run(
+            [sys.executable, "-m", "lmforge", "compile", str(folder), "--output", str(bad)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert refused.returncode == 2 and "--output" in refused.stderr
+    assert (folder / "model.safetensors").is_file()
 
 
 def test_backend_streams_through_the_server(

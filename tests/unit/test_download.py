@@ -66,7 +66,10 @@ def test_failed_s5cmd_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.
 
 def test_hub_id_offline_is_refused_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE=1 is set and the model is not in the cache"):
+    with pytest.raises(
+        DownloadError,
+        match=r"offline mode is on \(HF_HUB_OFFLINE=1 or LMFORGE_OFFLINE\) and the model is not in the cache",
+    ):
         fetch_model("example-org/never-downloaded", cache_dir=tmp_path / "cache")
 
 

@@ -174,6 +174,11 @@ def test_cache_key_covers_every_build_setting_and_nothing_else(tmp_path: Path) -
     assert runtime_only.cache_key() == base.cache_key()
     assert runtime_only.runtime["kv_cache_free_gpu_mem_fraction"] == 0.5
     assert _plan(tmp_path).cache_key() == base.cache_key()  # stable
+    (tmp_path / "model" / "config.json").write_text(json.dumps({**HF, "vocab_size": 32000}))
+    other = make_plan(
+        ServingConfig(model_dir=tmp_path / "model"), {}, arch="sm90", trtllm_version="1.2.1", device_count=8
+    )
+    assert other.cache_key() != base.cache_key()  # same path, other model: another engine
 
 
 def test_compiled_folder_reads_the_engine_config(tmp_path: Path) -> None:

@@ -141,7 +141,10 @@ def download_prefix(
 
 
 def _fetch_hub(model_id: str, revision: str | None, root: Path, progress: Callable[[str], None]) -> Path:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    offline = any(
+        os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "LMFORGE_OFFLINE")
+    )
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
@@ -156,13 +159,22 @@ def _fetch_hub(model_id: str, revision: str | None, root: Path, progress: Callab
             cache_dir=str(root / "hub"),
             token=os.environ.get("HF_TOKEN") or None,
             local_files_only=offline,
-            allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.py", "*.tiktoken"],
+            allow_patterns=[
+                "*.json",
+                "*.safetensors",
+                "*.bin",
+                "*.model",
+                "*.txt",
+                "*.jinja",
+                "*.py",
+                "*.tiktoken",
+            ],
         )
     except LocalEntryNotFoundError:
         raise DownloadError(
-            f"option.model_id={model_id!r} is a Hugging Face hub id, HF_HUB_OFFLINE=1 is set and the "
-            f"model is not in the cache ({root / 'hub'}): put the weights in the model folder, point "
-            "option.model_id at s3://..., or allow network access"
+            f"option.model_id={model_id!r} is a Hugging Face hub id, offline mode is on (HF_HUB_OFFLINE=1 or "
+            f"LMFORGE_OFFLINE) and the model is not in the cache ({root / 'hub'}): put the weights in the "
+            "model folder, point option.model_id at s3://..., or allow network access"
         ) from None
     except Exception as exc:
         raise DownloadError(f"could not download {model_id} from the Hugging Face hub: {exc}") from exc

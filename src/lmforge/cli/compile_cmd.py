@@ -48,6 +48,21 @@ def compile_command(
         return
     if not output:
         raise click.UsageError("give --output ENGINE_DIR (or s3://bucket/prefix), or --dry-run")
+    if gpu_arch:
+        raise click.UsageError("--gpu-arch only plans (--dry-run); a build is for the GPU it runs on")
+    if not output.startswith("s3://"):
+        out = Path(output).resolve()
+        src = (resolved.config.model_path or model_dir).resolve()
+        from lmforge.engines.trtllm.compile import is_compiled as _is_engine
+
+        if out == src or src.is_relative_to(out) or out.is_relative_to(src):
+            raise click.UsageError(
+                f"--output {output} overlaps the model folder {src}; choose another folder"
+            )
+        if out.exists() and any(out.iterdir()) and not _is_engine(out):
+            raise click.UsageError(
+                f"--output {output} is a non-empty folder that holds no engine; it would be replaced"
+            )
     from lmforge.engines.trtllm.api import TrtllmUnavailableError, load_api
     from lmforge.engines.trtllm.compile import CompileError, compile_engine
 

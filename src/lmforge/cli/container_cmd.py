@@ -117,6 +117,11 @@ def image_uri_command(
         click.echo(default_image_uri(config, region_or_fail(region)))
         return
     flavour = flavour_for(config.rolling_batch, instance_type)
+    if flavour == "cpu" and config.rolling_batch in ("vllm", "trtllm"):
+        raise click.ClickException(
+            f"option.rolling_batch={config.rolling_batch} needs an NVIDIA GPU; {instance_type} has none "
+            "(use a GPU instance type, or option.rolling_batch=lmi-dist for the cpu image)"
+        )
     click.echo(image_name(flavour, repository))
 
 

@@ -91,6 +91,8 @@ def install_requirements(model_dir: Path, env: MutableMapping[str, str]) -> Path
     if proc.returncode != 0:
         raise RuntimeError(f"pip could not install {requirements}:\n{proc.stderr.strip()[-2000:]}")
     sys.path.insert(0, str(target))
+    # child processes (tensor-parallel ranks, the TensorRT-LLM build) must see them too
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), env.get("PYTHONPATH", "")) if p)
     return target
 
 

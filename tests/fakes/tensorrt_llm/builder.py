@@ -10,6 +10,7 @@ class PluginConfig:
     paged_kv_cache: bool = True
     context_fmha: bool = True
     use_paged_context_fmha: bool = False
+    use_custom_all_reduce: bool = True
     lora_plugin: str | None = None
 
 

@@ -29,6 +29,7 @@ def llm_kwargs(api: TrtllmApi, plan: dict[str, Any], source: str) -> dict[str, A
     plugins.paged_kv_cache = plan["paged_kv_cache"]
     plugins.context_fmha = plan["context_fmha"]
     plugins.use_paged_context_fmha = plan["paged_context_fmha"]
+    plugins.use_custom_all_reduce = plan["use_custom_all_reduce"]
     if plan["lora"]:
         plugins.lora_plugin = plan["dtype"]
     kwargs: dict[str, Any] = {
@@ -38,6 +39,8 @@ def llm_kwargs(api: TrtllmApi, plan: dict[str, Any], source: str) -> dict[str, A
         "tensor_parallel_size": plan["tensor_parallel"],
         "pipeline_parallel_size": plan["pipeline_parallel"],
         "build_config": build,
+        "gather_generation_logits": True,  # every streamed token carries its log-prob
+        "trust_remote_code": bool(plan.get("trust_remote_code", False)),
     }
     if plan.get("revision"):
         kwargs["revision"] = plan["revision"]

@@ -60,7 +60,7 @@ def plan_differences(recorded: dict[str, object], plan: BuildPlan) -> list[str]:
     return [
         f"{key}: compiled {recorded.get(key)!r}, configured {value!r}"
         for key, value in wanted.items()
-        if key not in ("model_id", "revision") and recorded.get(key) != value
+        if key not in ("model_id", "revision", "model_fingerprint") and recorded.get(key) != value
     ]
 
 

@@ -76,7 +76,11 @@ class TrtllmEngine(EngineBase):
             enable_block_reuse=plan.runtime["enable_kv_cache_reuse"],
         )
         self._llm = await asyncio.to_thread(
-            api.LLM, model=str(engine_dir), tokenizer=str(engine_dir), kv_cache_config=kv
+            api.LLM,
+            model=str(engine_dir),
+            tokenizer=str(engine_dir),
+            kv_cache_config=kv,
+            gather_generation_logits=True,  # TensorRT-LLM refuses per-token log-probs without it
         )
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer, str(engine_dir))
         if self._tokenizer.eos_token_id is not None:

@@ -121,6 +121,10 @@ class BuildPlan:
 
     model_id: str
     revision: str | None
+    model_fingerprint: str | None
+    """Hash of the source folder's config.json and weight files (names, sizes, mtimes): a folder
+    re-exported at the same path (every SageMaker model is /opt/ml/model) never reuses an engine."""
+    trust_remote_code: bool
     architecture: str
     dtype: str
     tensor_parallel: int
@@ -313,10 +317,10 @@ def make_plan(
             f"option.max_input_len={max_input} leaves no room to generate within max_seq_len={max_seq} "
             "(raise option.max_model_len or lower option.max_input_len)"
         )
-    if isinstance(max_position, int) and max_seq > max_position and not config.rope_scaling:
+    if isinstance(max_position, int) and max_seq > max_position:
         problems.append(
             f"max_seq_len={max_seq} is more than the model's max_position_embeddings={max_position} "
-            "(set option.rope_scaling to extend it)"
+            "(TensorRT-LLM builds use the checkpoint's own RoPE settings: extend them in its config.json)"
         )
     if opts.max_num_tokens < max_input and not opts.use_paged_context_fmha:
         problems.append(
@@ -379,6 +383,8 @@ def make_plan(
     return BuildPlan(
         model_id=model_id,
         revision=config.revision,
+        model_fingerprint=fingerprint(config.model_path),
+        trust_remote_code=config.trust_remote_code,
         architecture=str(architectures[0]),
         dtype=dtype,
         tensor_parallel=tp,
@@ -407,6 +413,21 @@ def make_plan(
             "enable_kv_cache_reuse": opts.enable_kv_cache_reuse,
         },
     )
+
+
+def fingerprint(folder: Path | None) -> str | None:
+    """config.json's bytes plus every weight file's name, size and mtime, hashed; None without a folder."""
+    if folder is None or not folder.is_dir():
+        return None
+    digest = hashlib.sha256()
+    config = folder / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    for path in sorted(folder.glob("*")):
+        if path.suffix in (".safetensors", ".bin", ".pt", ".engine") or path.name.endswith(".index.json"):
+            info = path.stat()
+            digest.update(f"{path.name}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def _smoothquant_algo(per_channel: bool, per_token: bool) -> str:

@@ -125,6 +125,7 @@ class LLM:
             "build_config": build_config,
         }
         self.build_config = build_config
+        self.gather_generation_logits = gather_generation_logits
         self.aborted: list[int] = []
         self._next = 0
         config = json.loads((self.model / "config.json").read_text())
@@ -186,6 +187,11 @@ class LLM:
         cache_salt: str | None = None,
     ) -> GenerationResult:
         asyncio.get_running_loop()  # like the real one: requests are made inside the event loop
+        if sampling_params is not None and sampling_params.logprobs and not self.gather_generation_logits:
+            raise ValueError(
+                "`sampling_params.logprobs` requires `gather_generation_logits=True` to be passed explicitly "
+                "to the `LLM()` constructor."
+            )
         self._next += 1
         return GenerationResult(
             self, self._next, list(inputs), sampling_params or SamplingParams(), streaming
