@@ -598,11 +598,14 @@ def _round_timeout(seconds: float) -> int:
 
 
 def _is_compiled_trt(folder: Path | None, config_json: dict[str, Any]) -> bool:
+    """A TensorRT-LLM engine folder (the backend's own test), or LMI's older Triton model repository."""
+    from lmforge.engines.trtllm.compile import is_compiled
+
     if "build_config" in config_json:
         return True
     if folder is None or not folder.is_dir():
         return False
-    return any(folder.glob("*.engine")) or any(folder.glob("*/config.pbtxt"))
+    return is_compiled(folder) or any(folder.glob("*/config.pbtxt"))
 
 
 def _divisors_up_to(n: int, limit: int) -> list[int]:

@@ -14,13 +14,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-
-class ComponentHooks(Protocol):
-    def component_created(self, backend: Any, component: InferenceComponent) -> None: ...
-
-    def component_deleted(self, backend: Any, component: InferenceComponent) -> None: ...
+if TYPE_CHECKING:
+    from lmforge.local.moto_ext import EndpointHooks
 
 
 @dataclass
@@ -93,7 +90,7 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
     """Add the inference-component actions to moto's SageMaker backend and response classes."""
     from moto.core.utils import utcnow
 
-    def hooks() -> ComponentHooks:
+    def hooks() -> EndpointHooks:
         return backend_cls._lmforge_hooks  # type: ignore[no-any-return]
 
     def get(backend: Any, name: str) -> InferenceComponent:
