@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 # vLLM: the CUDA build where an NVIDIA driver is present, else the CPU build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda || echo vllm)
-EXTRAS  ?= server,lmi-dist,local,$(VLLM_EXTRA),dev
+EXTRAS  ?= server,lmi-dist,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
 .PHONY: install test test-unit test-integration test-vllm lint fmt demo bench clean

@@ -53,3 +53,18 @@ class Reference:
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three PEFT adapters for the tiny model: all layers r=8, attention only r=4, MLP only r=16."""
+    from tests.lora_utils import make_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "a1": make_adapter(tiny_model, root / "a1", seed=1),
+        "a2": make_adapter(tiny_model, root / "a2", seed=2, rank=4, targets=("q_proj", "v_proj")),
+        "a3": make_adapter(
+            tiny_model, root / "a3", seed=3, rank=16, targets=("gate_proj", "up_proj", "down_proj")
+        ),
+    }

@@ -23,6 +23,7 @@ ERROR_TABLE: dict[str, ErrorKind] = {
     "bad_request": ErrorKind(400, "bad_request", "the body or a parameter is invalid; `param` names it"),
     "not_found": ErrorKind(404, "not_found", "no such route or resource"),
     "method_not_allowed": ErrorKind(405, "method_not_allowed", "wrong HTTP method for the route"),
+    "conflict": ErrorKind(409, "conflict", "the resource already exists (e.g. an adapter name)"),
     "payload_too_large": ErrorKind(413, "payload_too_large", "the body is larger than `max_request_size`"),
     "unsupported_media_type": ErrorKind(415, "unsupported_media_type", "the body is not JSON or plain text"),
     "model_error": ErrorKind(424, "model_error", "the model or the user handler failed on this request"),
@@ -73,6 +74,10 @@ class NotFoundError(LmforgeError):
 
 class MethodNotAllowedError(LmforgeError):
     kind = "method_not_allowed"
+
+
+class ConflictError(LmforgeError):
+    kind = "conflict"
 
 
 class PayloadTooLargeError(LmforgeError):

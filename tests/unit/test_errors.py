@@ -15,6 +15,7 @@ def test_table_statuses() -> None:
         "bad_request": 400,
         "not_found": 404,
         "method_not_allowed": 405,
+        "conflict": 409,
         "payload_too_large": 413,
         "unsupported_media_type": 415,
         "model_error": 424,

@@ -219,6 +219,24 @@ class ServingConfig(BaseModel):
         description="highest LoRA adapter rank accepted",
         json_schema_extra=_key("option.max_lora_rank"),
     )
+    max_cpu_loras: PositiveInt | None = Field(
+        default=None,
+        description="LoRA adapters kept loaded in host memory (least recently used leave first); "
+        "unset = max_loras",
+        json_schema_extra=_key("option.max_cpu_loras"),
+    )
+    adapter_roots: str | None = Field(
+        default=None,
+        description="comma-separated folders adapters may be registered from, besides the model "
+        "folder's adapters/",
+        json_schema_extra=_key("option.adapter_roots"),
+    )
+    adapter_s3_prefixes: str | None = Field(
+        default=None,
+        description="comma-separated s3://bucket/prefix/ values adapters may be downloaded from; "
+        "unset = none",
+        json_schema_extra=_key("option.adapter_s3_prefixes"),
+    )
     rope_scaling: dict[str, Any] | None = Field(
         default=None,
         description='RoPE scaling as a JSON object, e.g. {"rope_type":"linear","factor":2.0}; '

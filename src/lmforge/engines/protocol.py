@@ -18,7 +18,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from lmforge.adapters.spec import LoraAdapter
 
 
 class FinishReason(enum.StrEnum):
@@ -58,6 +61,8 @@ class GenerationRequest:
     params: SamplingParams
     add_special_tokens: bool = True
     """Whether the tokenizer adds BOS and friends; False for prompts rendered by a chat template."""
+    adapter: LoraAdapter | None = None
+    """The LoRA adapter to apply (registered with :meth:`LoraEngine.add_adapter`), None for the base model."""
 
 
 @dataclass(slots=True)
@@ -111,3 +116,22 @@ class Engine(Protocol):
         """Gauges and counters for ``/metrics`` (``running``, ``waiting``, ...)."""
 
     async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class LoraEngine(Engine, Protocol):
+    """An engine that serves LoRA adapters (``option.enable_lora=true``).
+
+    Requests for different adapters (and the base model) share one running batch. The registry in
+    :mod:`lmforge.adapters` checks an adapter (names, sources, ``adapter_config.json`` against
+    :meth:`lora_layers`) before ``add_adapter`` sees it.
+    """
+
+    def lora_layers(self) -> dict[str, tuple[int, int]]:
+        """Every linear layer an adapter may target: full module name -> (in_features, out_features)."""
+
+    async def add_adapter(self, adapter: LoraAdapter) -> None:
+        """Make ``adapter`` usable by requests (load or prepare it); raise LmforgeError if it cannot be."""
+
+    async def remove_adapter(self, adapter: LoraAdapter) -> None:
+        """Forget ``adapter``. Requests already running with it finish with it; new ones cannot use it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -14,10 +15,16 @@ from lmforge.handlers.io import Input, Output
 from lmforge.handlers.protocol import ParsedRequest, parse_body, parse_request
 
 if TYPE_CHECKING:
+    from lmforge.adapters.registry import AdapterRegistry
+    from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
     from lmforge.engines.protocol import Engine
 
+log = logging.getLogger("lmforge.handlers")
+
 REQUEST_ID_HEADERS = ("x-amzn-sagemaker-inference-id", "x-request-id")
+ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
+ADAPTER_QUERY = "adapter"
 
 
 class DefaultHandler:
@@ -27,9 +34,56 @@ class DefaultHandler:
         self.config = config
         self.engine = engine
         self.name = engine.name
+        self.adapters: AdapterRegistry | None = None
+        if config.enable_lora:
+            from lmforge.adapters.registry import AdapterRegistry
+            from lmforge.engines.protocol import LoraEngine
+
+            if not isinstance(engine, LoraEngine):
+                raise LmforgeError(
+                    f"option.enable_lora=true: the {engine.name} backend does not serve LoRA adapters"
+                )
+            self.adapters = AdapterRegistry(config, engine)
 
     async def start(self) -> None:
         await self.engine.start()
+        if self.adapters is not None:
+            names = await self.adapters.load_folder()
+            if names:
+                log.info("registered %d adapters from the model folder: %s", len(names), ", ".join(names))
+
+    def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
+        """The adapter a request asks for: header (SageMaker), body (``adapters``) or ``?adapter=``."""
+        wanted = {
+            source: value
+            for source, value in (
+                ("the X-Amzn-SageMaker-Adapter-Identifier header", inputs.get_property(ADAPTER_HEADER)),
+                ("adapters" if not req.chat else "model", req.adapter),
+                ("the adapter query parameter", inputs.get_property(ADAPTER_QUERY)),
+            )
+            if value
+        }
+        if (
+            req.chat
+            and "model" in wanted
+            and (self.adapters is None or self.adapters.find(wanted["model"]) is None)
+        ):
+            del wanted["model"]  # the OpenAI model field names the served model, not an adapter
+        if not wanted:
+            return None
+        if len(set(wanted.values())) > 1:
+            raise BadRequestError(
+                "the request names different adapters: "
+                + ", ".join(f"{v!r} in {k}" for k, v in wanted.items()),
+                param="adapters",
+            )
+        name = next(iter(wanted.values()))
+        if self.adapters is None:
+            raise BadRequestError(
+                f"adapter {name!r} requested but LoRA adapters are not enabled (option.enable_lora=true)",
+                param="adapters",
+            )
+        return self.adapters.get(name)
 
     def check_health(self) -> None:
         self.engine.check_health()
@@ -70,7 +124,11 @@ class DefaultHandler:
         media = self._media_type(req, inputs.get_property("accept"))
         prompt, add_special = self._prompt(req)
         request = GenerationRequest(
-            request_id=uuid.uuid4().hex, prompt=prompt, params=req.params, add_special_tokens=add_special
+            request_id=uuid.uuid4().hex,
+            prompt=prompt,
+            params=req.params,
+            add_special_tokens=add_special,
+            adapter=self._adapter(req, inputs),
         )
         events = self.engine.generate(request)
         try:

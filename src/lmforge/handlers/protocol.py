@@ -9,6 +9,8 @@ working, and a request that actually needs them is refused rather than silently 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -63,8 +65,8 @@ class LmiRequest(BaseModel):
     inputs: Annotated[str, Field(min_length=1)]
     parameters: LmiParameters = Field(default_factory=LmiParameters)
     stream: bool = False
-    # Routing keys handled by the server or a later feature; accepted here so they are not "unknown".
-    adapters: str | list[str] | None = None
+    adapters: str | Annotated[list[str], Field(min_length=1, max_length=1)] | None = None
+    """LMI's adapter selection: a name (or a one-item list, one per input); "" = the base model."""
 
 
 class TextPart(BaseModel):
@@ -127,6 +129,8 @@ class ParsedRequest:
     messages: list[dict[str, str]] | None = None
     include_usage: bool = False
     logprobs: bool = False
+    adapter: str | None = None
+    """The adapter named in the body (LMI ``adapters``; chat ``model`` when it names an adapter)."""
 
 
 def parse_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
@@ -146,21 +150,60 @@ def parse_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
         raise BadRequestError(
             f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", param="body"
         ) from None
+    except RecursionError:
+        raise BadRequestError(
+            "body is nested too deeply (arrays or objects inside each other)", param="body"
+        ) from None
+    except ValueError:  # an integer longer than Python converts (a guard against quadratic-time parsing)
+        raise BadRequestError(
+            f"body has a number with more than {sys.get_int_max_str_digits()} digits", param="body"
+        ) from None
     if not isinstance(data, dict):
         raise BadRequestError(
             f"body must be a JSON object with 'inputs' or 'messages', got {type(data).__name__}",
             param="body",
         )
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise BadRequestError(
+            f"{where}: text is not valid Unicode (an unpaired surrogate such as \\ud800)", param=where
+        )
     return data
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """The path of the first string in ``data`` (or of the object whose key) has an unpaired UTF-16
+    surrogate, which JSON escapes (and Python's decoder) let through but no tokenizer can encode."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:  # iterative: the body may be nested as deep as the JSON parser allows
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not key.isascii() and _SURROGATE.search(key):
+                    return path or "body"
+                stack.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item) for i, item in enumerate(value))
+    return None
 
 
 def _validation_error(exc: ValidationError) -> BadRequestError:
     problems = []
     first_param = None
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        parts = [str(p) for p in err["loc"]]
+        # the last element of an unknown-field error is the client's own key: keep it as sent
+        key = parts.pop() if err["type"] == "extra_forbidden" and parts else None
         # pydantic names union members in loc (e.g. "list[...]"); keep the field path only
-        loc = ".".join(p for p in loc.split(".") if not (("[" in p) or p in {"str", "int", "float", "bool"}))
+        loc = ".".join(p for p in parts if not _is_union_tag(p))
+        if key is not None:
+            loc = f"{loc}.{key}" if loc else key
         first_param = first_param or loc or "body"
         got = err.get("input")
         shown = "" if err["type"] in {"missing", "extra_forbidden"} else f" (got {_preview(got)})"
@@ -169,21 +212,30 @@ def _validation_error(exc: ValidationError) -> BadRequestError:
     return BadRequestError("; ".join(dict.fromkeys(problems)), param=first_param)
 
 
+def _is_union_tag(part: str) -> bool:
+    return part.startswith("function-") or "[" in part or part in {"str", "int", "float", "bool"}
+
+
 def _preview(value: Any) -> str:
     text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _stops(*values: list[str] | str | None) -> tuple[str, ...]:
+def _stops(*fields: tuple[str, list[str] | str | None]) -> tuple[str, ...]:
+    """Merge stop strings from ``(field name, value)`` pairs; errors name the field at fault."""
     out: list[str] = []
-    for v in values:
+    for name, v in fields:
         if v is None:
             continue
+        if not v:  # "" (a list's empty items are refused by the schema)
+            raise BadRequestError(f"{name}: stop sequences must not be empty", param=name)
         out.extend([v] if isinstance(v, str) else v)
     if len(out) > MAX_STOP_SEQUENCES:
-        raise BadRequestError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed", param="stop")
-    if any(not s for s in out):
-        raise BadRequestError("stop sequences must not be empty", param="stop")
+        names = " + ".join(name for name, v in fields if v is not None)
+        raise BadRequestError(
+            f"{names}: at most {MAX_STOP_SEQUENCES} stop sequences are allowed, got {len(out)}",
+            param=next(name for name, v in fields if v is not None),
+        )
     return tuple(dict.fromkeys(out))
 
 
@@ -245,7 +297,7 @@ def parse_request(body: dict[str, Any], *, default_max_new_tokens: int) -> Parse
         top_p=p.top_p,
         repetition_penalty=p.repetition_penalty,
         seed=p.seed,
-        stop=_stops(p.stop_sequences, p.stop),
+        stop=_stops(("parameters.stop_sequences", p.stop_sequences), ("parameters.stop", p.stop)),
         top_n=p.top_n_tokens,
         ignore_eos=p.ignore_eos_token or p.ignore_eos,
     )
@@ -256,6 +308,7 @@ def parse_request(body: dict[str, Any], *, default_max_new_tokens: int) -> Parse
         stream=req.stream,
         details=p.details,
         return_full_text=p.return_full_text,
+        adapter=(req.adapters[0] if isinstance(req.adapters, list) else req.adapters) or None,
     )
 
 
@@ -276,7 +329,7 @@ def _parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequ
         top_p=req.top_p,
         repetition_penalty=req.repetition_penalty,
         seed=req.seed,
-        stop=_stops(req.stop),
+        stop=_stops(("stop", req.stop)),
         top_n=req.top_logprobs,
         ignore_eos=False,
     )
@@ -291,4 +344,5 @@ def _parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequ
         messages=messages,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         logprobs=req.logprobs,
+        adapter=req.model or None,
     )

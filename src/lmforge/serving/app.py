@@ -22,7 +22,7 @@ from lmforge.errors import (
     classify,
 )
 from lmforge.handlers.io import Input
-from lmforge.serving import asgi
+from lmforge.serving import adapters_api, asgi
 from lmforge.serving.state import Phase, ServerState
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class App:
         self.started = time.time()
         self.on_load_failure: Any = None
         self._load_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._handler_stop: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ lifespan
 
@@ -65,17 +67,39 @@ class App:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self._load_task = asyncio.create_task(self._load(), name="model-load")
+                self._drain_task = asyncio.create_task(self._end_in_flight_at_deadline(), name="drain")
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.state.phase = Phase.DRAINING
                 if self._load_task is not None and not self._load_task.done():
                     self._load_task.cancel()
-                try:
-                    await self.handler.shutdown()
-                except Exception:
-                    log.exception("handler shutdown failed")
+                if self._drain_task is not None:
+                    self._drain_task.cancel()
+                await self._stop_handler()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _stop_handler(self) -> None:
+        """Shut the handler (and its engine) down, once, however many callers ask."""
+        if self._handler_stop is None:
+            self._handler_stop = asyncio.ensure_future(self._shutdown_handler_once())
+        await asyncio.shield(self._handler_stop)
+
+    async def _shutdown_handler_once(self) -> None:
+        try:
+            await self.handler.shutdown()
+        except Exception:
+            log.exception("handler shutdown failed")
+
+    async def _end_in_flight_at_deadline(self) -> None:
+        """Once draining passes ``state.drain_deadline``, stop the engine: its in-flight streams end with
+        an error line and queued requests get 503, before uvicorn cancels what is left."""
+        while self.state.drain_deadline is None:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(max(0.0, self.state.drain_deadline - time.monotonic()))
+        if self.state.in_flight:
+            log.warning("drain deadline: ending %d requests still in flight", self.state.in_flight)
+            await self._stop_handler()
 
     # ------------------------------------------------------------------ routing
 
@@ -94,6 +118,8 @@ class App:
             elif path in INVOCATION_PATHS:
                 self._require(method, "POST")
                 await self._invoke(scope, receive, send)
+            elif adapters_api.is_adapter_path(path):
+                await self._adapters(scope, receive, send, path)
             elif path == "/metrics":
                 self._require(method, "GET")
                 await asgi.send_body(send, 200, self._metrics().encode(), "text/plain; version=0.0.4")
@@ -171,6 +197,25 @@ class App:
             await asgi.stream_response(receive, send, output.code, content_type, headers, output.stream)
         except Exception:
             log.exception("response stream failed after the status line was sent")
+
+    # ------------------------------------------------------------------ adapters
+
+    async def _adapters(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, path: str) -> None:
+        if self.state.phase != Phase.READY:
+            raise NotReadyError(f"not ready: {self.state.detail}", retry_after=RETRY_AFTER_S)
+        try:
+            body = await asgi.read_body(scope, receive, self.state.max_request_size)
+        except asgi.ClientDisconnected:
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        registry = getattr(self.handler, "adapters", None)
+        engine = getattr(self.handler, "engine", None)
+        names = {"model"} | ({engine.model_name} if engine is not None else set())
+        status, obj = await adapters_api.handle(
+            registry, names, scope["method"], path, scope.get("query_string", b""), body, headers
+        )
+        self.state.count(status)
+        await asgi.send_json(send, status, obj)
 
     # ------------------------------------------------------------------ metrics
 

@@ -34,8 +34,10 @@ from lmforge.engines.text import IncrementalDetokenizer, StopMatcher
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, LmforgeError, NotReadyError
 
 if TYPE_CHECKING:
+    from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.distributed import FollowerGroup
+    from lmforge.engines.lmi_dist.lora import LoraRuntime
     from lmforge.engines.lmi_dist.sampler import Record, RequestSampler
     from lmforge.engines.lmi_dist.sizing import KvCachePlan
 
@@ -69,6 +71,7 @@ class Built:
     plan: KvCachePlan
     max_model_len: int
     eos_ids: list[int]
+    lora: LoraRuntime | None = None
 
 
 def build(cfg: ServingConfig) -> Built:
@@ -93,6 +96,11 @@ def build(cfg: ServingConfig) -> Built:
     from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
 
     world = tensor_parallel_size(cfg)
+    if cfg.enable_lora and world > 1:
+        raise LmforgeError(
+            "lmi-dist serves LoRA adapters on one device only: option.enable_lora=true needs "
+            f"option.tensor_parallel_degree=1 (got {world}); use option.rolling_batch=vllm for both"
+        )
     if cfg.pipeline_parallel_degree != 1:
         raise LmforgeError(
             f"lmi-dist supports tensor parallelism only: option.pipeline_parallel_degree="
@@ -157,7 +165,8 @@ def build(cfg: ServingConfig) -> Built:
         num_blocks=plan.num_blocks,
         max_batch_tokens=plan.max_batch_tokens,
         return_logprobs=False,
-        allow_block_sharing=True,
+        # Shared prefix blocks hold K/V computed with one adapter; with LoRA they must not be shared.
+        allow_block_sharing=not cfg.enable_lora,
         # Our sampler runs Python per row: no graph capture, no overlapped (async) batches.
         use_cuda_graph=False,
         use_async_batching=False,
@@ -168,7 +177,12 @@ def build(cfg: ServingConfig) -> Built:
         generation_config=gen_config, continuous_batching_config=cb_config
     )
     sampler = sampler_mod.RequestSampler()
-    sampler_mod.install(manager, sampler)
+    lora = None
+    if cfg.enable_lora:
+        from lmforge.engines.lmi_dist.lora import LoraRuntime
+
+        lora = LoraRuntime(model, cfg.max_loras, cfg.max_cpu_loras or cfg.max_loras)
+    sampler_mod.install(manager, sampler, lora.on_batch if lora is not None else None)
     manager.warmup()  # builds the cache now, so its real capacity is known before serving
     capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
     if capacity < max_model_len:
@@ -187,7 +201,7 @@ def build(cfg: ServingConfig) -> Built:
         plan.total_bytes / 2**20,
         plan.max_batch_tokens,
     )
-    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids)
+    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, lora)
 
 
 class LmiDistEngine(EngineBase):
@@ -201,6 +215,7 @@ class LmiDistEngine(EngineBase):
         self.plan: KvCachePlan | None = None
         self.max_model_len = 0
         self._eos_ids: list[int] = []
+        self._lora: LoraRuntime | None = None
         self._slots: asyncio.Semaphore | None = None
         self._live: dict[str, _Live] = {}
         self._submissions = 0
@@ -239,6 +254,7 @@ class LmiDistEngine(EngineBase):
         self.plan = built.plan
         self.max_model_len = built.max_model_len
         self._eos_ids = built.eos_ids
+        self._lora = built.lora
 
     async def shutdown(self) -> None:
         self._stopping = True
@@ -288,7 +304,31 @@ class LmiDistEngine(EngineBase):
 
     def stats(self) -> dict[str, float]:
         running = len(self._live) - self._counters["waiting"]
-        return {"running": float(running), **self._counters, "healthy": float(self._dead is None)}
+        out = {"running": float(running), **self._counters, "healthy": float(self._dead is None)}
+        if self._lora is not None:
+            out.update(self._lora.stats())
+        return out
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def _lora_runtime(self) -> LoraRuntime:
+        if self._lora is None:
+            raise BadRequestError(
+                "LoRA adapters are not enabled; set option.enable_lora=true", param="adapters"
+            )
+        return self._lora
+
+    def lora_layers(self) -> dict[str, tuple[int, int]]:
+        return self._lora_runtime().layers()
+
+    async def add_adapter(self, adapter: LoraAdapter) -> None:
+        options = adapter.options
+        await self._lora_runtime().add(
+            adapter, preload=bool(options.get("preload", True)), pin=bool(options.get("pin", False))
+        )
+
+    async def remove_adapter(self, adapter: LoraAdapter) -> None:
+        self._lora_runtime().remove(adapter)
 
     # ------------------------------------------------------------------ requests
 
@@ -310,7 +350,7 @@ class LmiDistEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.check_health()
         assert self._slots is not None and self._sampler is not None
-        from lmforge.engines.lmi_dist.sampler import request_kwargs
+        from lmforge.engines.lmi_dist.sampler import LORA_KWARG, request_kwargs
 
         params = request.params
         if params.do_sample and params.seed is None:
@@ -321,6 +361,8 @@ class LmiDistEngine(EngineBase):
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
+        adapter = request.adapter
+        lora = self._lora_runtime() if adapter is not None else None
         live = _Live()
         self._live[rid] = live
         # The manager's id is unique per submission: a late cancel of an earlier request must never
@@ -333,7 +375,11 @@ class LmiDistEngine(EngineBase):
         submitted = False
         finished = False
         key = -1
+        adapter_held = False
         try:
+            if lora is not None and adapter is not None:
+                await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
+                adapter_held = True
             await self._slots.acquire()
             self._counters["waiting"] -= 1
             waiting = False
@@ -346,6 +392,9 @@ class LmiDistEngine(EngineBase):
             manager = self._manager
             manager.register_result_handler(cb_rid, live.push)
             eos = -1 if params.ignore_eos or not self._eos_ids else self._eos_ids
+            kwargs = request_kwargs(key, params)
+            if adapter is not None:
+                kwargs[LORA_KWARG] = adapter.int_id
             await asyncio.to_thread(
                 manager.add_request,
                 prompt_ids,
@@ -353,7 +402,7 @@ class LmiDistEngine(EngineBase):
                 max_new_tokens=params.max_new_tokens,
                 streaming=True,
                 eos_token_id=eos,
-                **request_kwargs(key, params),
+                **kwargs,
             )
             submitted = True
             async for event in self._events(live, params, record, len(prompt_ids)):
@@ -374,6 +423,8 @@ class LmiDistEngine(EngineBase):
                     self._manager.output_router.result_handlers.pop(cb_rid, None)
             if key >= 0:
                 self._sampler.remove(key)
+            if adapter_held and lora is not None and adapter is not None:
+                lora.release(adapter)
             self._live.pop(rid, None)
 
     def _terminal(self, reason: str, prompt_len: int, generated: int) -> GenerationEvent:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -33,6 +34,8 @@ from lmforge.engines.protocol import SamplingParams
 
 KEY_KWARG = "lmforge_key"
 PARAMS_KWARG = "lmforge_params"
+LORA_KWARG = "lmforge_lora"
+"""The request's adapter id (see :mod:`.lora`); read by the LoRA layers' batch hook, not here."""
 _SEED_STRIDE = 1_000_003
 
 
@@ -69,7 +72,7 @@ class _Row:
 
 
 class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
-    supported_kwargs: dict[str, type] = {KEY_KWARG: int, PARAMS_KWARG: str}  # noqa: RUF012 - base-class API
+    supported_kwargs: dict[str, type] = {KEY_KWARG: int, PARAMS_KWARG: str, LORA_KWARG: int}  # noqa: RUF012
     ignored_kwargs: tuple[str, ...] = ()
 
     def __init__(self) -> None:
@@ -154,10 +157,27 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         return torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generator)[0]
 
 
-def install(manager: Any, sampler: RequestSampler) -> None:
-    """Replace a ContinuousBatchingManager's logits processors by ``sampler`` (before ``start``)."""
-    processors = ContinuousBatchingLogitsProcessorList(
-        LogitsProcessorList([sampler]), per_request_processors=False, drop_unsupported_processors=False
-    )
+class _Processors(ContinuousBatchingLogitsProcessorList):  # type: ignore[misc]
+    """The manager's processor list, plus a hook that sees every step's requests (in batch order)."""
+
+    def __init__(self, sampler: RequestSampler, on_batch: Callable[[list[Any]], None] | None) -> None:
+        super().__init__(
+            LogitsProcessorList([sampler]), per_request_processors=False, drop_unsupported_processors=False
+        )
+        self.on_batch = on_batch
+
+    def prepare_tensor_args(self, requests_in_batch: list[Any], arg_storage: torch.Tensor) -> torch.Tensor:
+        if self.on_batch is not None:
+            self.on_batch(requests_in_batch)
+        return super().prepare_tensor_args(requests_in_batch, arg_storage)  # type: ignore[no-any-return]
+
+
+def install(
+    manager: Any, sampler: RequestSampler, on_batch: Callable[[list[Any]], None] | None = None
+) -> None:
+    """Replace a ContinuousBatchingManager's logits processors by ``sampler`` (before ``start``).
+
+    ``on_batch`` is called on the generation thread with each step's requests before its forward."""
+    processors = _Processors(sampler, on_batch)
     processors.tensors_required = 1  # one int32 row per batch: the request keys
     manager.logit_processor = processors

@@ -1,0 +1,285 @@
+"""Per-request LoRA adapters inside LMI-Dist's continuous batch.
+
+transformers' continuous batching applies one adapter (PEFT's active one) to the whole batch. LMI-Dist
+instead gives every request its own adapter, in the same forward pass:
+
+* each adapted ``nn.Linear`` keeps its module and weights and gets a forward that adds, for every
+  adapter present in the step, ``scaling * (x_rows @ A.T) @ B.T`` to that adapter's token rows only
+  (PEFT's formula, in the same order of operations, so greedy tokens equal PEFT's);
+* which token rows belong to which adapter is computed once per step from the batch's requests (each
+  carries its adapter id as a logits-processor kwarg) by :meth:`LoraRuntime.on_batch`, called by the
+  logits-processor list while transformers prepares the step's tensors;
+* at most ``max_loras`` adapters are resident (installed in the layers) at once; a request for another
+  adapter waits until a resident one is idle and is evicted (least recently used first). Loaded weights
+  stay in host memory for up to ``max_cpu_loras`` adapters; others are read again from their
+  safetensors file when needed.
+
+Adapter ids are never reused, so a late step that still names an evicted or removed adapter finds no
+weights and adds nothing (that request was cancelled); it can never pick up another adapter's weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import types
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from lmforge.errors import BadRequestError, NotFoundError
+
+if TYPE_CHECKING:
+    from lmforge.adapters.spec import LoraAdapter
+
+log = logging.getLogger("lmforge.engines.lmi_dist")
+
+LORA_KWARG = "lmforge_lora"
+_WEIGHTS_ATTR = "_lmforge_lora"
+_PEFT_PREFIX = "base_model.model."
+
+Factors = tuple[torch.Tensor, torch.Tensor, float]
+"""(A [r, in], B [out, r], scaling) of one layer."""
+
+
+def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    out = F.linear(x, self.weight, self.bias)
+    runtime: LoraRuntime | None = getattr(self, "_lmforge_runtime", None)
+    groups = runtime.groups if runtime is not None else ()
+    if not groups:
+        return out
+    table: dict[int, Factors] = getattr(self, _WEIGHTS_ATTR)
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat_out = out.view(-1, out.shape[-1])
+    for adapter_id, rows in groups:
+        factors = table.get(adapter_id)
+        if factors is None:
+            continue  # the adapter does not touch this layer (or was evicted after a cancel)
+        a, b, scaling = factors
+        if rows is None:
+            flat_out += ((flat_x @ a.t()) @ b.t()) * scaling
+        else:
+            flat_out.index_add_(0, rows, ((flat_x.index_select(0, rows) @ a.t()) @ b.t()) * scaling)
+    return out
+
+
+class LoraRuntime:
+    """The adapters of one loaded model: layers, residency, host-memory cache, per-step row groups."""
+
+    def __init__(self, model: torch.nn.Module, max_loras: int, max_cpu_loras: int) -> None:
+        self.model = model
+        self.max_loras = max_loras
+        self.max_cpu_loras = max(max_cpu_loras, 1)
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        self.groups: tuple[tuple[int, torch.Tensor | None], ...] = ()
+        """Set on the generation thread before each forward: (adapter id, token rows or None = all)."""
+        self._linears: dict[str, torch.nn.Linear] = {
+            name: mod
+            for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head")
+        }
+        self._patched: set[str] = set()
+        # event-loop side
+        self._resident: OrderedDict[int, int] = OrderedDict()  # adapter id -> running requests (LRU order)
+        self._host: OrderedDict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._removed: set[int] = set()
+        self._pinned: set[int] = set()
+        self._cond: asyncio.Condition | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.loads_total = 0
+        self.evictions_total = 0
+        self.last_load_ms = 0.0
+
+    def layers(self) -> dict[str, tuple[int, int]]:
+        return {name: (m.in_features, m.out_features) for name, m in self._linears.items()}
+
+    # ------------------------------------------------------------------ generation thread
+
+    def on_batch(self, requests_in_batch: list[Any]) -> None:
+        """Group the step's token rows by adapter (called before the step's forward)."""
+        ids: list[int] = []
+        lengths: list[int] = []
+        for future in requests_in_batch:
+            ids.append(int(future.state.logit_processor_kwargs.get(LORA_KWARG, 0)))
+            lengths.append(int(future.query_length))
+        present = {i for i in ids if i > 0}
+        if not present:
+            self.groups = ()
+            return
+        if len(present) == 1 and 0 not in ids:
+            self.groups = ((present.pop(), None),)
+            return
+        per_token = torch.repeat_interleave(torch.tensor(ids), torch.tensor(lengths))
+        groups = []
+        for adapter_id in sorted(present):
+            rows = torch.nonzero(per_token == adapter_id).squeeze(1).to(self.device)
+            groups.append((adapter_id, rows))
+        self.groups = tuple(groups)
+
+    # ------------------------------------------------------------------ loading
+
+    def _read(self, adapter: LoraAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        from safetensors.torch import load_file
+
+        raw = load_file(str(adapter.path / "adapter_model.safetensors"), device="cpu")
+        factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer in adapter.layers:
+            key = (
+                _PEFT_PREFIX + layer.module
+                if _PEFT_PREFIX + layer.module + ".lora_A.weight" in raw
+                else layer.module
+            )
+            a = raw[f"{key}.lora_A.weight"].to(self.dtype)
+            b = raw[f"{key}.lora_B.weight"].to(self.dtype)
+            factors[layer.module] = (a, b)
+        return factors
+
+    def host_weights(self, adapter: LoraAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The adapter's factors in host memory (read from disk when not cached)."""
+        cached = self._host.get(adapter.int_id)
+        if cached is not None:
+            self._host.move_to_end(adapter.int_id)
+            return cached
+        weights = self._read(adapter)
+        self._host[adapter.int_id] = weights
+        while len(self._host) > self.max_cpu_loras:
+            self._host.popitem(last=False)
+        return weights
+
+    def _install(self, adapter: LoraAdapter) -> None:
+        started = time.perf_counter()
+        weights = self.host_weights(adapter)
+        for module_name, (a, b) in weights.items():
+            linear = self._linears[module_name]
+            if module_name not in self._patched:
+                setattr(linear, _WEIGHTS_ATTR, {})
+                linear._lmforge_runtime = self  # type: ignore[assignment]
+                linear.forward = types.MethodType(_lora_forward, linear)  # type: ignore[method-assign]
+                self._patched.add(module_name)
+            table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
+            table[adapter.int_id] = (
+                a.to(self.device, non_blocking=True),
+                b.to(self.device, non_blocking=True),
+                adapter.scaling,
+            )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.loads_total += 1
+        self.last_load_ms = (time.perf_counter() - started) * 1000
+
+    def _uninstall(self, adapter_id: int) -> None:
+        for name in self._patched:
+            getattr(self._linears[name], _WEIGHTS_ATTR).pop(adapter_id, None)
+
+    # ------------------------------------------------------------------ event loop: residency
+
+    def _condition(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    async def add(self, adapter: LoraAdapter, preload: bool, pin: bool = False) -> None:
+        """Check ``adapter`` fits the model; ``preload`` reads it into host memory now, ``pin`` also
+        installs it and keeps it resident (it never leaves its slot)."""
+        missing = [layer.module for layer in adapter.layers if layer.module not in self._linears]
+        if missing:
+            raise BadRequestError(
+                f"adapter {adapter.name!r} targets unknown layers {missing[:5]}", param="src"
+            )
+        if pin:
+            if len(self._pinned) >= self.max_loras:
+                raise BadRequestError(
+                    f"cannot pin adapter {adapter.name!r}: all option.max_loras={self.max_loras} slots "
+                    "are pinned",
+                    param="pin",
+                )
+            self._pinned.add(adapter.int_id)
+            try:
+                await self.acquire(adapter)
+            except BaseException:
+                self._pinned.discard(adapter.int_id)
+                raise
+            self.release(adapter)
+        elif preload:
+            await asyncio.to_thread(self.host_weights, adapter)
+
+    def remove(self, adapter: LoraAdapter) -> None:
+        """No new request may use ``adapter``; its weights go once its running requests are done."""
+        self._removed.add(adapter.int_id)
+        self._pinned.discard(adapter.int_id)
+        self._host.pop(adapter.int_id, None)
+        if not self._resident.get(adapter.int_id):
+            self._resident.pop(adapter.int_id, None)
+            self._uninstall(adapter.int_id)
+            self._wake()
+
+    async def acquire(self, adapter: LoraAdapter) -> None:
+        """Wait until ``adapter`` is resident and count one more request on it."""
+        cond = self._condition()
+        async with cond:
+            while True:
+                if adapter.int_id in self._removed:
+                    raise NotFoundError(f"adapter {adapter.name!r} was removed", param="adapters")
+                if adapter.int_id in self._resident:
+                    self._resident[adapter.int_id] += 1
+                    self._resident.move_to_end(adapter.int_id)
+                    return
+                if len(self._resident) < self.max_loras or self._evict_idle():
+                    break
+                await cond.wait()
+            self._resident[adapter.int_id] = 1  # reserved; other acquirers wait on the lock meanwhile
+            try:
+                await asyncio.to_thread(self._install, adapter)
+            except BaseException:
+                self._resident.pop(adapter.int_id, None)
+                self._uninstall(adapter.int_id)
+                raise
+
+    def _evict_idle(self) -> bool:
+        for adapter_id, users in self._resident.items():
+            if users == 0 and adapter_id not in self._pinned:
+                del self._resident[adapter_id]
+                self._uninstall(adapter_id)
+                self.evictions_total += 1
+                return True
+        return False
+
+    def release(self, adapter: LoraAdapter) -> None:
+        """One request on ``adapter`` is done (synchronous: safe in any ``finally``)."""
+        users = self._resident.get(adapter.int_id)
+        if users is None:
+            return
+        self._resident[adapter.int_id] = users - 1
+        if users - 1 == 0 and adapter.int_id in self._removed:
+            del self._resident[adapter.int_id]
+            self._uninstall(adapter.int_id)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._cond is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._notify())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify(self) -> None:
+        cond = self._condition()
+        async with cond:
+            cond.notify_all()
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "lora_resident": float(len(self._resident)),
+            "lora_host_cached": float(len(self._host)),
+            "lora_loads_total": float(self.loads_total),
+            "lora_evictions_total": float(self.evictions_total),
+        }

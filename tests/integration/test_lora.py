@@ -1,0 +1,215 @@
+"""Multi-LoRA on LMI-Dist through the real server: per-request adapters equal PEFT, the adapters API
+in LMI's and SageMaker's forms, and hostile sources refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.lora_utils import PeftReference, make_adapter
+from tests.utils import RemoteServer, metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def lora_model(
+    tiny_model: Path, lora_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny model with a1 and a2 baked into adapters/, and an extra root holding a3 and bad ones."""
+    root = tmp_path_factory.mktemp("lora")
+    model = root / "model"
+    shutil.copytree(tiny_model, model)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], model / "adapters" / name)
+    extra = root / "extra"
+    shutil.copytree(lora_adapters["a3"], extra / "a3")
+    # hostile or broken adapters under the allowed root
+    pickled = extra / "pickled"
+    shutil.copytree(lora_adapters["a1"], pickled)
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
+    big = extra / "big-rank"
+    make_adapter(tiny_model, big, seed=9, rank=32, targets=("q_proj",))
+    wrong = extra / "wrong-shape"
+    shutil.copytree(lora_adapters["a1"], wrong)
+    cfg = json.loads((wrong / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["qkv_proj"]
+    (wrong / "adapter_config.json").write_text(json.dumps(cfg))
+    (extra / "escape").symlink_to(lora_adapters["a1"], target_is_directory=True)  # a link leaving the root
+    outside = root / "extra2"  # a sibling whose name starts like the root
+    shutil.copytree(lora_adapters["a1"], outside / "a1")
+    (model / "serving.properties").write_text(
+        "engine=Python\noption.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\n"
+        f"option.max_lora_rank=16\noption.adapter_roots={extra}\noption.max_rolling_batch_size=16\n"
+    )
+    return model
+
+
+@pytest.fixture(scope="module")
+def server(lora_model: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(lora_model) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def peft(tiny_model: Path, lora_adapters: dict[str, Path]) -> PeftReference:
+    return PeftReference(tiny_model, lora_adapters)
+
+
+def generate(srv: RemoteServer, prompt: str, how: str, name: str | None, stream: bool = False) -> list[int]:
+    body: dict[str, object] = {
+        "inputs": prompt,
+        "parameters": {"max_new_tokens": NEW, "ignore_eos_token": True, "details": True},
+        "stream": stream,
+    }
+    headers, params = {}, {}
+    if name is not None:
+        if how == "body":
+            body["adapters"] = name
+        elif how == "header":
+            headers["X-Amzn-SageMaker-Adapter-Identifier"] = name
+        else:
+            params["adapter"] = name
+    resp = httpx.post(srv.url + "/invocations", json=body, headers=headers, params=params, timeout=120)
+    assert resp.status_code == 200, resp.text
+    if stream:
+        lines = [json.loads(line) for line in resp.text.splitlines() if line]
+        return [line["token"]["id"] for line in lines]
+    return [t["id"] for t in resp.json()["details"]["tokens"]]
+
+
+def test_mixed_batch_equals_peft_per_adapter(server: RemoteServer, peft: PeftReference) -> None:
+    resp = httpx.post(
+        server.url + "/adapters", params={"name": "a3", "src": str(server.model_dir.parent / "extra" / "a3")}
+    )
+    assert resp.status_code == 200, resp.text
+    jobs = [
+        (prompt, how, name)
+        for prompt in PROMPTS
+        for how, name in (("body", None), ("body", "a1"), ("header", "a2"), ("query", "a3"), ("body", "a2"))
+    ]
+    # three adapters with max_loras=2: requests wait for a slot, one batch still mixes base + adapters
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: generate(server, *job), jobs))
+    for (prompt, _how, name), out in zip(jobs, outs, strict=True):
+        assert out == peft.greedy(prompt, NEW, name), (prompt, name)
+    stats = metrics(server.url)
+    assert stats["lmforge_engine_lora_resident"] <= 2
+    assert stats["lmforge_engine_running"] == 0
+    # streamed tokens equal the non-streamed ones for an adapter
+    assert generate(server, PROMPTS[0], "body", "a1", stream=True) == peft.greedy(PROMPTS[0], NEW, "a1")
+    assert httpx.delete(server.url + "/adapters/a3").status_code == 200
+
+
+def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftReference) -> None:
+    src = str(server.model_dir.parent / "extra" / "a3")
+    url = server.url + "/models/model/adapters"
+    resp = httpx.post(url, params={"name": "tmp", "src": src, "preload": "true"})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["adapter"]["rank"] == 16
+    again = httpx.post(server.url + "/adapters", json={"name": "tmp", "src": src})
+    assert again.status_code == 409 and "already registered" in again.json()["message"]
+    names = [a["name"] for a in httpx.get(url).json()["adapters"]]
+    assert names == ["a1", "a2", "tmp"]
+    page = httpx.get(url, params={"limit": 2}).json()
+    assert [a["name"] for a in page["adapters"]] == ["a1", "a2"] and page["nextPageToken"] == "2"
+    desc = httpx.get(url + "/tmp").json()
+    assert desc["src"] == src and desc["target_modules"] == ["down_proj", "gate_proj", "up_proj"]
+    assert generate(server, PROMPTS[1], "body", "tmp") == peft.greedy(PROMPTS[1], NEW, "a3")
+    # update: same name, another source (a2's files), effective for the next request
+    a2 = str(server.model_dir / "adapters" / "a2")
+    upd = httpx.post(
+        url + "/tmp/update",
+        params={"src": a2, "pin": "true"},
+        headers={"X-Amzn-SageMaker-Adapter-Alias": "al"},
+    )
+    assert upd.status_code == 200, upd.text
+    assert upd.json()["adapter"]["pin"] is True and upd.json()["adapter"]["alias"] == "al"
+    assert generate(server, PROMPTS[1], "header", "tmp") == peft.greedy(PROMPTS[1], NEW, "a2")
+    assert httpx.delete(server.url + "/adapters/tmp").status_code == 200
+    gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "tmp"}, timeout=30)
+    assert gone.status_code == 404 and "'tmp'" in gone.json()["message"]
+    assert gone.json()["param"] == "adapters"
+    assert httpx.delete(server.url + "/adapters/tmp").status_code == 404
+    assert httpx.get(server.url + "/models/other/adapters").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("src", "needle"),
+    [
+        ("../../etc", "'..'"),
+        ("/etc", "outside the allowed"),
+        ("{extra}/../model", "'..'"),
+        ("{extra}2/a1", "outside the allowed"),
+        ("{extra}/escape", "outside"),
+        ("http://169.254.169.254/latest/meta-data", "not allowed"),
+        ("file:///etc/passwd", "not allowed"),
+        ("s3://bucket/adapters/a1", "not under an allowed S3 prefix"),
+        ("{extra}/pickled", "adapter_model.bin is not allowed"),
+        ("{extra}/big-rank", "max_lora_rank=16"),
+        ("{extra}/wrong-shape", "qkv_proj"),
+        ("{extra}/missing", "is not a folder"),
+    ],
+)
+def test_bad_sources_are_refused(server: RemoteServer, src: str, needle: str) -> None:
+    extra = server.model_dir.parent / "extra"
+    resp = httpx.post(server.url + "/adapters", json={"name": "bad", "src": src.format(extra=extra)})
+    assert resp.status_code == 400, resp.text
+    body = resp.json()
+    assert needle in body["message"], body
+    assert body["param"] == "src"
+    assert "bad" not in [a["name"] for a in httpx.get(server.url + "/adapters").json()["adapters"]]
+
+
+def test_bad_requests_name_the_field(server: RemoteServer) -> None:
+    post = httpx.post
+    assert post(server.url + "/adapters", json={"src": "x"}).json()["param"] == "name"
+    assert post(server.url + "/adapters", json={"name": "../a", "src": "x"}).json()["param"] == "name"
+    assert (
+        post(server.url + "/adapters", json={"name": "a", "src": "x", "color": 1}).json()["param"] == "color"
+    )
+    assert (
+        post(server.url + "/adapters", content=b"{", headers={"content-type": "application/json"}).status_code
+        == 400
+    )
+    unknown = post(server.url + "/invocations", json={"inputs": "x", "adapters": "nope"})
+    assert unknown.status_code == 404 and "'nope'" in unknown.json()["message"]
+    both = post(
+        server.url + "/invocations",
+        json={"inputs": "x", "adapters": "a1"},
+        headers={"X-Amzn-SageMaker-Adapter-Identifier": "a2"},
+    )
+    assert both.status_code == 400 and both.json()["param"] == "adapters"
+    assert httpx.patch(server.url + "/adapters/a1").status_code == 405
+
+
+def test_lora_disabled_says_how_to_enable(tiny_model: Path) -> None:
+    with RemoteServer(tiny_model) as srv:
+        resp = httpx.post(srv.url + "/adapters", json={"name": "a", "src": "/x"})
+        assert resp.status_code == 400 and "option.enable_lora" in resp.json()["message"]
+        resp = httpx.post(srv.url + "/invocations", json={"inputs": "x", "adapters": "a"})
+        assert resp.status_code == 400 and "enable_lora" in resp.json()["message"]
+        assert resp.json()["param"] == "adapters"
+
+
+def test_adapter_folder_with_a_bad_adapter_fails_start(lora_model: Path, tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    shutil.copytree(lora_model, model, symlinks=True)
+    (model / "adapters" / "a2" / "adapter_model.bin").write_bytes(b"x")
+    srv = RemoteServer(model, wait_ready=False).start()
+    assert srv.proc is not None
+    try:
+        assert srv.proc.wait(120) == 1
+    finally:
+        srv.stop()
+    logs = srv.logs()
+    assert "model failed to load" in logs and "adapters/a2" in logs and "adapter_model.bin" in logs, logs
