@@ -151,15 +151,17 @@ class AdapterRegistry:
             shutil.rmtree(adapter.path, ignore_errors=True)
 
     async def load_folder(self, folder: Path | None = None) -> list[str]:
-        """Register every sub-folder of the model folder's ``adapters/`` (name = folder name)."""
-        folder = folder or (Path(self.config.model_dir) / "adapters" if self.config.model_dir else None)
-        if folder is None or not folder.is_dir():
-            return []
+        """Register every sub-folder of the model's ``adapters/`` folders (name = folder name)."""
+        from lmforge.adapters.sources import adapter_folders
+
         names = []
-        for sub in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            try:
-                await self.register(sub.name, str(sub), {"preload": True})
-            except AdapterError as exc:
-                raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
-            names.append(sub.name)
+        for parent in [folder] if folder is not None else adapter_folders(self.config):
+            if not parent.is_dir():
+                continue
+            for sub in sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                try:
+                    await self.register(sub.name, str(sub), {"preload": True})
+                except AdapterError as exc:
+                    raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
+                names.append(sub.name)
         return names

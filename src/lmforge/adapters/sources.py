@@ -25,6 +25,16 @@ def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def adapter_folders(config: Any) -> list[Path]:
+    """The ``adapters/`` folders of a model: next to serving.properties and, when the weights live
+    elsewhere (``option.model_id`` a folder or a downloaded S3 prefix / hub snapshot), inside that."""
+    folders: list[Path] = []
+    for base in (config.model_dir, config.model_path):
+        if base is not None and (Path(base) / "adapters") not in folders:
+            folders.append(Path(base) / "adapters")
+    return folders
+
+
 @dataclass
 class SourcePolicy:
     roots: list[Path]
@@ -39,9 +49,7 @@ class SourcePolicy:
     def from_config(cls, config: Any) -> SourcePolicy:
         from lmforge.artifacts.download import cache_root
 
-        roots: list[Path] = []
-        if config.model_dir is not None:
-            roots.append(Path(config.model_dir) / "adapters")
+        roots = adapter_folders(config)
         roots += [Path(p).expanduser() for p in _split(config.adapter_roots)]
         prefixes = [p if p.endswith("/") else p + "/" for p in _split(config.adapter_s3_prefixes)]
         for prefix in prefixes:
