@@ -51,6 +51,9 @@ class SamplingParams:
     top_n_logprobs: int = 0
     """How many alternative tokens (with log-probs) to report per generated token."""
     ignore_eos: bool = False
+    logprobs: bool = True
+    """Whether the sampled token's log-prob is wanted. Engines for which it costs (vLLM computes and
+    ships it every step) leave ``Token.log_prob`` NaN (``null`` on the wire) when it is not."""
 
 
 @dataclass(frozen=True, slots=True)

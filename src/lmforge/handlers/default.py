@@ -135,6 +135,9 @@ class DefaultHandler:
             first = await anext(events)  # validation happens here, before any byte is sent
             if first.finish_reason == FinishReason.ERROR:
                 raise error_for_status(first.error_status, first.error or "generation failed")
+        except BadRequestError as err:
+            await events.aclose()
+            raise _in_request_terms(err, req) from None
         except BaseException:
             await events.aclose()
             raise
@@ -179,15 +182,15 @@ class DefaultHandler:
     ) -> AsyncIterator[bytes]:
         if req.chat:
             chat = fmt.ChatFormatter(self.engine.model_name, logprobs=req.logprobs, include_usage=True)
-            render = chat.chunk
+            render, stream_frame = chat.chunk, chat.stream_frame
         else:
             lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
-            render = lmi.stream_line
+            render, stream_frame = lmi.stream_line, lmi.stream_frame
         async with contextlib.aclosing(events):
             event = first
             try:
                 while True:
-                    yield fmt.frame(render(event), media)
+                    yield stream_frame(event, media)
                     if event.finished:
                         break
                     try:
@@ -219,3 +222,12 @@ class DefaultHandler:
             error="the engine ended the stream without a final event",
             error_status=424,
         )
+
+
+def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestError:
+    """An engine's request-size error in the names the client used (chat: ``max_tokens``, ``messages``)."""
+    if not req.chat:
+        return err
+    names = {"parameters.max_new_tokens": req.length_field, "inputs": "messages"}
+    param = names.get(err.param or "", err.param)
+    return BadRequestError(err.message.replace("max_new_tokens", req.length_field), param=param)

@@ -131,6 +131,8 @@ class ParsedRequest:
     logprobs: bool = False
     adapter: str | None = None
     """The adapter named in the body (LMI ``adapters``; chat ``model`` when it names an adapter)."""
+    length_field: str = "parameters.max_new_tokens"
+    """The body field that set ``max_new_tokens``, for error messages (chat: ``max_tokens``, ...)."""
 
 
 def parse_body(raw: bytes, content_type: str | None) -> dict[str, Any]:
@@ -251,6 +253,7 @@ def _sampling(
     stop: tuple[str, ...],
     top_n: int,
     ignore_eos: bool,
+    logprobs: bool,
 ) -> SamplingParams:
     # LMI semantics: sampling when asked (do_sample) or, if unsaid, when a temperature > 0 is given.
     sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
@@ -267,6 +270,7 @@ def _sampling(
         stop=stop,
         top_n_logprobs=top_n,
         ignore_eos=ignore_eos,
+        logprobs=logprobs or top_n > 0,
     )
 
 
@@ -299,6 +303,7 @@ def parse_request(body: dict[str, Any], *, default_max_new_tokens: int) -> Parse
         seed=p.seed,
         stop=_stops(("parameters.stop_sequences", p.stop_sequences), ("parameters.stop", p.stop)),
         top_n=p.top_n_tokens,
+        logprobs=p.details,
         ignore_eos=p.ignore_eos_token or p.ignore_eos,
     )
     return ParsedRequest(
@@ -320,6 +325,8 @@ def _parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequ
     if req.top_logprobs and not req.logprobs:
         raise BadRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
+    fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
+    length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
     params = _sampling(
         max_new_tokens=max_new,
         do_sample=None,
@@ -331,6 +338,7 @@ def _parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequ
         seed=req.seed,
         stop=_stops(("stop", req.stop)),
         top_n=req.top_logprobs,
+        logprobs=req.logprobs,
         ignore_eos=False,
     )
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
@@ -345,4 +353,5 @@ def _parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequ
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         logprobs=req.logprobs,
         adapter=req.model or None,
+        length_field=length_field,
     )

@@ -80,6 +80,12 @@ def build(cfg: ServingConfig) -> Built:
     Runs on every tensor-parallel rank (``RANK``/``WORLD_SIZE`` in the environment), which must all
     make the same calls in the same order: the cache sizing and the loop talk to each other.
     """
+    phases: dict[str, float] = {}  # startup phase -> seconds, logged in one line (bench/cold_start.py)
+    clock = [time.monotonic()]
+
+    def mark(phase: str) -> None:
+        phases[phase], clock[0] = time.monotonic() - clock[0], time.monotonic()
+
     import torch
     from transformers import (
         AutoModelForCausalLM,
@@ -95,6 +101,7 @@ def build(cfg: ServingConfig) -> Built:
     from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
     from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
 
+    mark("import")
     world = tensor_parallel_size(cfg)
     if cfg.enable_lora and world > 1:
         raise LmforgeError(
@@ -118,12 +125,14 @@ def build(cfg: ServingConfig) -> Built:
     if cfg.revision:
         kwargs["revision"] = cfg.revision
     tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+    mark("tokenizer")
     if world > 1:
         kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs)
     if world == 1 and torch.cuda.is_available():
         model = model.to("cuda")
     model.eval()
+    mark("weights")
 
     text_cfg = model.config.get_text_config()
     model_max = int(getattr(text_cfg, "max_position_embeddings", 0) or 0) or 2048
@@ -183,12 +192,19 @@ def build(cfg: ServingConfig) -> Built:
 
         lora = LoraRuntime(model, cfg.max_loras, cfg.max_cpu_loras or cfg.max_loras)
     sampler_mod.install(manager, sampler, lora.on_batch if lora is not None else None)
+    mark("batching_init")
+    if manager.batch_processor is None:  # what warmup() does first: allocate the paged KV cache
+        manager.batch_processor = manager._create_batch_processor()
+    mark("kv_cache")
     manager.warmup()  # builds the cache now, so its real capacity is known before serving
+    mark("warmup")
     capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
     if capacity < max_model_len:
         log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
         max_model_len = capacity
     manager.start()
+    mark("start")
+    log.info("lmi-dist startup phases (s): %s", " ".join(f"{k}={v:.3f}" for k, v in phases.items()))
     log.info(
         "lmi-dist ready: %s, dtype=%s, tensor parallel %d, max_model_len=%d, KV cache %d blocks x %d tokens "
         "(%.1f MiB), prefill chunk %d tokens",
@@ -457,6 +473,10 @@ class LmiDistEngine(EngineBase):
             output = live.outputs.popleft()
             live.engine_done = output.is_finished()
             if output.status == RequestStatus.FAILED:
+                failure = self._loop_failure()
+                if failure is not None:  # a dead rank or a fatal loop error, not this request's fault
+                    yield self._terminal(f"engine failure: {failure}", prompt_len, seen)
+                    return
                 yield GenerationEvent(
                     None,
                     prompt_len,

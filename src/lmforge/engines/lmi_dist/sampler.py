@@ -17,6 +17,7 @@ pick the same tokens, with no state to keep in step between processes.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 from lmforge.engines.protocol import SamplingParams
 
+log = logging.getLogger("lmforge.engines.lmi_dist")
 KEY_KWARG = "lmforge_key"
 PARAMS_KWARG = "lmforge_params"
 LORA_KWARG = "lmforge_lora"
@@ -120,7 +122,11 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             if p is None:
                 continue  # warm-up rows: greedy
             if p.do_sample or p.repetition_penalty != 1.0:
-                chosen[i] = self._pick(scores[i], p, row)
+                try:
+                    chosen[i] = self._pick(scores[i], p, row)
+                except Exception:  # one request's settings must never stop the loop for all
+                    log.exception("sampling failed for one row; taking the greedy token")
+                    chosen[i] = torch.argmax(scores[i])
             record = self._records.get(row.key)
             if record is None:
                 continue  # another rank, or a request cancelled mid-step: nobody reads it
@@ -142,6 +148,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if not p.do_sample:
             return torch.argmax(row)
+        greedy = torch.argmax(row)
         if p.temperature != 1.0:
             row = row / p.temperature
         if 0 < p.top_k < row.numel():
@@ -154,7 +161,11 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             row = row.scatter(0, sorted_idx, sorted_vals.masked_fill(drop, float("-inf")))
         seed = ((p.seed or 0) * _SEED_STRIDE + plan.draw) % (2**63)
         generator = torch.Generator(device=row.device).manual_seed(seed)
-        return torch.multinomial(torch.softmax(row, dim=-1), 1, generator=generator)[0]
+        probs = torch.softmax(row, dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            # logits / a tiny temperature or penalty overflowed: that limit is the greedy token
+            return greedy
+        return torch.multinomial(probs, 1, generator=generator)[0]
 
 
 class _Processors(ContinuousBatchingLogitsProcessorList):  # type: ignore[misc]
