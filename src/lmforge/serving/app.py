@@ -86,10 +86,12 @@ class App:
         await asyncio.shield(self._handler_stop)
 
     async def _shutdown_handler_once(self) -> None:
+        t0 = time.monotonic()
         try:
             await self.handler.shutdown()
         except Exception:
             log.exception("handler shutdown failed")
+        log.info("handler %s shut down in %.1f s", self.handler.name, time.monotonic() - t0)
 
     async def _end_in_flight_at_deadline(self) -> None:
         """Once draining passes ``state.drain_deadline``, stop the engine: its in-flight streams end with

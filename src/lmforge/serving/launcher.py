@@ -3,8 +3,10 @@
 The port is bound before the model loads, so ``/ping`` answers 503 while loading (SageMaker polls it
 within ``ContainerStartupHealthCheckTimeoutInSeconds``). Loading has ``option.model_loading_timeout``;
 a model that fails or times out makes the process exit non-zero, as a container would. On SIGTERM the
-server stops admitting (503), lets in-flight requests finish for up to ``DRAIN_S`` (SageMaker sends
-SIGKILL 30 s after SIGTERM), then shuts the engine down and exits 0.
+server stops admitting (503), lets in-flight requests finish for up to ``END_IN_FLIGHT_S``, then ends
+the rest (their streams end with an error line, queued requests get 503) and shuts the engine down, so
+every client has a complete answer and the process exits 0 well before SageMaker's SIGKILL (30 s after
+SIGTERM). uvicorn closes its listening socket at once, so new connections are refused while draining.
 """
 
 from __future__ import annotations
@@ -13,15 +15,25 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from lmforge.serving.app import App
 from lmforge.serving.state import Phase, ServerState
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.protocol import Engine
+    from lmforge.handlers import Handler
 
 log = logging.getLogger("lmforge.serving")
 
 DEFAULT_PORT = 8080
 DRAIN_S = 25
+#: Seconds of draining after which requests still in flight are ended with an error: uvicorn cancels
+#: what is left at DRAIN_S (a cut stream, a 500 for a queued request), and the engine needs time to stop.
+END_IN_FLIGHT_S = 20
 
 
 def resolve_port(port: int | None) -> int:
@@ -44,8 +56,18 @@ def configure_logging(level: str) -> None:
     )
 
 
-def serve(model_dir: str, *, host: str, port: int | None, log_level: str = "info") -> int:
-    """Serve the model folder until stopped; returns the process exit code."""
+def serve(
+    model_dir: str,
+    *,
+    host: str,
+    port: int | None,
+    log_level: str = "info",
+    engine_factory: Callable[[ServingConfig], Engine] | None = None,
+) -> int:
+    """Serve the model folder until stopped; returns the process exit code.
+
+    ``engine_factory`` replaces the engine ``option.rolling_batch`` selects (the default handler runs on
+    what it returns); benchmarks use it to serve a no-op engine through the real HTTP path."""
     import uvicorn
 
     from lmforge.config import ConfigError, load_config
@@ -75,7 +97,12 @@ def serve(model_dir: str, *, host: str, port: int | None, log_level: str = "info
         config = config.model_copy(update={"num_threads": default_num_threads()})
         resolved.config = config
     try:
-        handler = create_handler(resolved)
+        if engine_factory is not None:
+            from lmforge.handlers.default import DefaultHandler
+
+            handler: Handler = DefaultHandler(config, engine_factory(config))
+        else:
+            handler = create_handler(resolved)
     except LmforgeError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
@@ -114,7 +141,10 @@ def serve(model_dir: str, *, host: str, port: int | None, log_level: str = "info
             loader_deadline.cancel()
 
     log.info("lmforge serving %s on http://%s:%d (/ping, /invocations)", model_dir, host, bind_port)
-    asyncio.run(main())
+    # uvicorn's own loop choice (uvloop when installed), as uvicorn.Server.run would make it: the
+    # asyncio default loop costs ~10 us more of CPU per streamed token (bench/streaming_ceiling.py).
+    with asyncio.Runner(loop_factory=uv_config.get_loop_factory()) as runner:
+        runner.run(main())
     if not server.started and exit_code["code"] == 0:
         return 1  # could not bind
     return exit_code["code"]
@@ -141,6 +171,8 @@ def _make_server_class() -> Any:
             if self._state.phase in (Phase.READY, Phase.LOADING):
                 self._state.phase = Phase.DRAINING
                 self._state.detail = "shutting down"
+            if self._state.drain_deadline is None:
+                self._state.drain_deadline = time.monotonic() + END_IN_FLIGHT_S
                 log.info("signal %d: draining in-flight requests (up to %d s)", sig, DRAIN_S)
             super().handle_exit(sig, frame)
             # uvicorn re-raises captured signals after its shutdown, so the process would die by

@@ -20,6 +20,8 @@ class ServerState:
     in_flight: int = 0
     max_in_flight: int = 1
     max_request_size: int = 6 * 2**20
+    drain_deadline: float | None = None
+    """``time.monotonic()`` at which a draining server ends the requests still in flight (set on SIGTERM)."""
     responses: dict[int, int] = field(default_factory=dict)
 
     def count(self, status: int) -> None:
