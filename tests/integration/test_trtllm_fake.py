@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -205,3 +206,183 @@ def test_real_tensorrt_llm_compiles_and_serves_the_example_model(tiny_model: Pat
             timeout=120,
         ).json()
         assert out["details"]["generated_tokens"] == 8
+
+
+# ---------------------------------------------------------------------- LoRA adapters
+
+LORA_PROPS = "option.enable_lora=true\noption.max_loras=2\noption.max_lora_rank=16\noption.max_cpu_loras=3\n"
+
+
+@pytest.fixture
+def fake_model_fn(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fake engine's token function and adapter effect, imported from the fake package."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    from tensorrt_llm._tensorrt_engine import fake_lora_shift, fake_next_token
+
+    yield fake_next_token, fake_lora_shift
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]  # later tests must not find the fake installed
+
+
+def _fake_tokens(
+    fns: Any, tokenizer: Any, prompt: str, adapter: Path | None, n: int, vocab: int
+) -> list[int]:
+    next_token, shift_of = fns
+    prompt_ids = tokenizer(prompt).input_ids
+    shift = shift_of(str(adapter)) if adapter is not None else 0
+    out: list[int] = []
+    for _ in range(n):
+        out.append(next_token(prompt_ids, out, vocab, shift))
+    return out
+
+
+def test_lora_adapters_per_request_through_the_server(
+    tiny_model: Path,
+    tmp_path: Path,
+    fake_trtllm: dict[str, str],
+    lora_adapters: dict[str, Path],
+    fake_model_fn: Any,
+) -> None:
+    """Base and two adapters in one batch each get their own tokens (the fake's adapter effect), an adapter
+    registered at run time works, and after removal its name is refused and a new one with the same name
+    gets the new weights, never the cached old ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoTokenizer
+
+    folder = _model(tiny_model, tmp_path / "m", LORA_PROPS + f"option.adapter_roots={tmp_path / 'extra'}\n")
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], folder / "adapters" / name)
+    for name in ("a1", "a3"):
+        shutil.copytree(lora_adapters[name], tmp_path / "extra" / name)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+
+    def expect(prompt: str, adapter: str | None) -> list[int]:
+        path = None if adapter is None else lora_adapters[adapter]
+        return _fake_tokens(fake_model_fn, tokenizer, prompt, path, 8, vocab)
+
+    def ask(url: str, prompt: str, adapter: str | None) -> list[int]:
+        body: dict[str, Any] = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "details": True}}
+        if adapter is not None:
+            body["adapters"] = adapter
+        resp = httpx.post(url + "/invocations", json=body, timeout=30)
+        assert resp.status_code == 200, resp.text
+        return [t["id"] for t in resp.json()["details"]["tokens"]]
+
+    with RemoteServer(folder, env={**fake_trtllm, "FAKE_TRTLLM_EOS_AFTER": ""}) as server:
+        jobs = [(p, a) for p in ("def ", "import os") for a in (None, "a1", "a2")]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            outs = list(pool.map(lambda job: ask(server.url, *job), jobs))
+        assert outs == [expect(*job) for job in jobs]
+        assert len({tuple(o) for o in outs[:3]}) == 3  # the adapters change the tokens
+        resp = httpx.post(
+            server.url + "/adapters", json={"name": "a3", "src": str(tmp_path / "extra" / "a3")}
+        )
+        assert resp.status_code == 200, resp.text
+        assert ask(server.url, "def ", "a3") == expect("def ", "a3")
+        assert httpx.delete(server.url + "/adapters/a3").status_code == 200
+        gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30)
+        assert gone.status_code == 404 and "'a3'" in gone.json()["message"]
+        resp = httpx.post(
+            server.url + "/adapters", json={"name": "a3", "src": str(tmp_path / "extra" / "a1")}
+        )
+        assert resp.status_code == 200, resp.text
+        assert ask(server.url, "def ", "a3") == expect("def ", "a1")
+
+
+def test_lora_engine_loads_with_lora_config_and_round_trips(
+    tiny_model: Path,
+    tmp_path: Path,
+    fake_trtllm: dict[str, str],
+    lora_adapters: dict[str, Path],
+    fake_model_fn: Any,
+) -> None:
+    """The engine in this process (on the fake): LLM loaded with enable_lora and LoraConfig(max_lora_rank,
+    max_loras, max_cpu_loras); LoRARequest per request; a removed adapter is refused by the engine itself,
+    and requests still running with it finish with it."""
+    import asyncio
+
+    from lmforge.adapters.registry import AdapterRegistry
+    from lmforge.engines.protocol import GenerationRequest, SamplingParams
+    from lmforge.engines.trtllm.api import load_api
+    from lmforge.engines.trtllm.engine import TrtllmEngine
+    from lmforge.errors import NotFoundError
+
+    folder = _model(tiny_model, tmp_path / "m", LORA_PROPS)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], folder / "adapters" / name)
+    resolved = load_config(folder, env={})
+    engine = TrtllmEngine(resolved.config, resolved.extra_options, api=load_api())
+    registry = AdapterRegistry(resolved.config, engine)
+
+    async def tokens(rid: str, prompt: str, adapter: Any, n: int = 8) -> list[int]:
+        request = GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=n), adapter=adapter)
+        return [e.token.id async for e in engine.generate(request) if e.token is not None]
+
+    async def scenario() -> None:
+        await engine.start()
+        try:
+            llm = engine._llm
+            assert llm.enable_lora is True
+            cfg = llm.lora_config
+            assert (cfg.max_lora_rank, cfg.max_loras, cfg.max_cpu_loras) == (16, 2, 3)
+            assert sorted(await registry.load_folder()) == ["a1", "a2"]
+            a1, a2 = registry.get("a1"), registry.get("a2")
+            both = await asyncio.gather(
+                tokens("1", "def ", a1), tokens("2", "def ", a2), tokens("3", "def ", None)
+            )
+            assert len({tuple(t) for t in both}) == 3
+            seen = {(r.lora_name, r.lora_int_id, r.lora_path, r.lora_ckpt_source) for r in llm.lora_requests}
+            assert seen == {("a1", a1.int_id, str(a1.path), "hf"), ("a2", a2.int_id, str(a2.path), "hf")}
+            # remove while a request with it runs: it finishes with a1; later ones are refused
+            running = asyncio.create_task(tokens("long", "def ", a1, n=200))
+            await asyncio.sleep(0.01)
+            await registry.remove("a1")
+            assert running.done() and len(running.result()) == 200
+            with pytest.raises(NotFoundError, match="'a1'"):
+                await tokens("4", "def ", a1)
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.gpu
+def test_real_tensorrt_llm_serves_lora_adapters_like_peft(
+    tiny_model: Path, tmp_path: Path, lora_adapters: dict[str, Path]
+) -> None:
+    """Only with an NVIDIA GPU and the real TensorRT-LLM: an fp32 engine built with the LoRA plugin serves
+    the base model and two adapters in one batch, each equal to PEFT's greedy tokens for it alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    trtllm = pytest.importorskip("tensorrt_llm")
+    if str(getattr(trtllm, "__file__", "")).startswith(str(FAKES)):
+        pytest.skip("the fake TensorRT-LLM is on the path")
+    from tests.lora_utils import PeftReference
+
+    folder = _model(tiny_model, tmp_path / "m", LORA_PROPS)
+    props = (folder / "serving.properties").read_text().replace("option.dtype=fp16", "option.dtype=fp32")
+    (folder / "serving.properties").write_text(props)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], folder / "adapters" / name)
+    peft = PeftReference(tiny_model, {n: lora_adapters[n] for n in ("a1", "a2")})
+    jobs = [(p, a) for p in ("def hello(x):", "import os\n") for a in (None, "a1", "a2")]
+
+    def ask(url: str, prompt: str, adapter: str | None) -> list[int]:
+        body: dict[str, Any] = {
+            "inputs": prompt,
+            "parameters": {"max_new_tokens": 12, "ignore_eos_token": True, "details": True},
+        }
+        if adapter is not None:
+            body["adapters"] = adapter
+        resp = httpx.post(url + "/invocations", json=body, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return [t["id"] for t in resp.json()["details"]["tokens"]]
+
+    with RemoteServer(folder, startup_timeout=1800) as server, ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: ask(server.url, *job), jobs))
+    assert outs == [peft.greedy(p, 12, a) for p, a in jobs]

@@ -49,6 +49,12 @@ def test_mapped_options(tmp_path: Path) -> None:
     assert "max_loras" not in kw  # LoRA settings only with enable_lora
     lora = engine_kwargs(_config(tmp_path, enable_lora=True, max_loras=3, max_lora_rank=32), {})
     assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 3, 32)
+    assert "max_cpu_loras" not in lora  # unset: vLLM keeps max_loras adapters in host memory
+    cpu = engine_kwargs(_config(tmp_path, enable_lora=True, max_loras=3, max_cpu_loras=50), {})
+    assert cpu["max_cpu_loras"] == 50
+    assert "max_cpu_loras" not in engine_kwargs(_config(tmp_path, max_cpu_loras=50), {})
+    with pytest.raises(VllmOptionError, match=r"option.max_cpu_loras=2 is less than option.max_loras=3"):
+        engine_kwargs(_config(tmp_path, enable_lora=True, max_loras=3, max_cpu_loras=2), {})
 
 
 def test_pass_through_is_typed_by_vllm(tmp_path: Path) -> None:

@@ -11,3 +11,4 @@ class LoraConfig:
     max_lora_rank: int = 64
     max_loras: int | None = None
     max_cpu_loras: int | None = None
+    lora_target_modules: list[str] = field(default_factory=list)

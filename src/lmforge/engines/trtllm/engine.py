@@ -6,6 +6,14 @@ within ``option.model_loading_timeout``), and loads it. Each request streams thr
 ``LLM.generate_async(..., streaming=True)``; tokens arrive as ids with their log-probs and lmforge
 detokenizes and matches stop strings (:class:`lmforge.engines.streaming.TokenStream`), as for vLLM.
 Closing a stream early aborts the request in TensorRT-LLM.
+
+LoRA (``option.enable_lora``): the engine is built with TensorRT-LLM's LoRA plugin (the build plan) and
+loaded with a ``LoraConfig`` (``max_lora_rank``; ``max_loras`` adapters in GPU memory and
+``max_cpu_loras`` in host memory: TensorRT-LLM's PEFT cache, least recently used leave first). A request
+for an adapter carries ``LoRARequest(name, id, path)`` (``tensorrt_llm.executor.request``); TensorRT-LLM
+reads the adapter's PEFT folder the first time an id is used and caches it by id. Its LLM API has no call
+to preload or drop one adapter, so registering checks the folder and removing stops new requests (ids are
+never reused, so a removed adapter's cached weights are never picked up again; they age out of the cache).
 """
 
 from __future__ import annotations
@@ -16,15 +24,17 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
-from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotFoundError, NotReadyError
 
 if TYPE_CHECKING:
+    from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
     from lmforge.engines.trtllm.api import TrtllmApi
     from lmforge.engines.trtllm.plan import BuildPlan
@@ -54,6 +64,11 @@ class TrtllmEngine(EngineBase):
         self._eos_ids: set[int] = set()
         self._live: dict[str, Any] = {}
         self._dead: str | None = None
+        # LoRA: adapter id -> TensorRT-LLM's LoRARequest (registered, not removed); running requests per id
+        self._lora_layers: dict[str, tuple[int, int]] | None = None
+        self._loras: dict[int, Any] = {}
+        self._lora_users: dict[int, int] = {}
+        self._lora_idle: dict[int, asyncio.Event] = {}
 
     async def start(self) -> None:
         from lmforge.engines.trtllm.api import load_api
@@ -75,12 +90,24 @@ class TrtllmEngine(EngineBase):
             free_gpu_memory_fraction=plan.runtime["kv_cache_free_gpu_mem_fraction"],
             enable_block_reuse=plan.runtime["enable_kv_cache_reuse"],
         )
+        lora: dict[str, Any] = {}
+        if plan.lora:
+            cfg = self.config
+            lora = {
+                "enable_lora": True,
+                "lora_config": api.LoraConfig(
+                    max_lora_rank=plan.max_lora_rank,
+                    max_loras=cfg.max_loras,
+                    max_cpu_loras=cfg.max_cpu_loras or cfg.max_loras,
+                ),
+            }
         self._llm = await asyncio.to_thread(
             api.LLM,
             model=str(engine_dir),
             tokenizer=str(engine_dir),
             kv_cache_config=kv,
             gather_generation_logits=True,  # TensorRT-LLM refuses per-token log-probs without it
+            **lora,
         )
         self._tokenizer = await asyncio.to_thread(self._load_tokenizer, str(engine_dir))
         if self._tokenizer.eos_token_id is not None:
@@ -116,6 +143,88 @@ class TrtllmEngine(EngineBase):
     def stats(self) -> dict[str, float]:
         healthy = float(self._llm is not None and self._dead is None)
         return {"running": float(len(self._live)), "waiting": 0.0, **self._counters, "healthy": healthy}
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def _lora_enabled(self) -> None:
+        if not self.config.enable_lora:
+            raise BadRequestError(
+                "LoRA adapters are not enabled; set option.enable_lora=true", param="adapters"
+            )
+
+    def lora_layers(self) -> dict[str, tuple[int, int]]:
+        """The base model's linear layers, from its Hugging Face ``config.json`` (a compiled engine folder
+        keeps it beside the engines)."""
+        self._lora_enabled()
+        if self._lora_layers is None:
+            from lmforge.adapters.validate import linear_layers_from_folder
+
+            folder = self.config.model_path
+            if folder is None:
+                raise NotReadyError(f"option.model_id={self.config.model_id!r} is not a local folder")
+            from lmforge.engines.trtllm.compile import is_compiled
+
+            if is_compiled(Path(folder)):
+                self._lora_layers = _engine_linear_layers(Path(folder))
+            else:
+                self._lora_layers = linear_layers_from_folder(
+                    Path(folder), trust_remote_code=bool(self.config.trust_remote_code)
+                )
+        return self._lora_layers
+
+    async def add_adapter(self, adapter: LoraAdapter) -> None:
+        self._lora_enabled()
+        self.check_health()
+        assert self._api is not None and self.plan is not None
+        if self.plan.max_lora_rank is not None and adapter.rank > self.plan.max_lora_rank:
+            raise BadRequestError(
+                f"adapter {adapter.name!r} has rank {adapter.rank}; the engine was built for at most "
+                f"{self.plan.max_lora_rank} (option.max_lora_rank)",
+                param="src",
+            )
+        if adapter.options.get("pin") not in (None, False, "false", "0"):
+            raise BadRequestError(
+                f"cannot pin adapter {adapter.name!r}: TensorRT-LLM's LLM API keeps adapters in its cache "
+                "by recent use only",
+                param="pin",
+            )
+        try:
+            lora = self._api.LoRARequest(adapter.name, adapter.int_id, str(adapter.path), "hf")
+        except ValueError as exc:
+            raise BadRequestError(
+                f"TensorRT-LLM refuses adapter {adapter.name!r}: {exc}", param="src"
+            ) from None
+        self._loras[adapter.int_id] = lora
+
+    async def remove_adapter(self, adapter: LoraAdapter) -> None:
+        """New requests cannot use ``adapter``; returns once the requests running with it are done."""
+        if self._loras.pop(adapter.int_id, None) is None:
+            return
+        if self._lora_users.get(adapter.int_id):
+            await self._lora_idle.setdefault(adapter.int_id, asyncio.Event()).wait()
+        self._lora_idle.pop(adapter.int_id, None)
+
+    def _lora_request(self, adapter: LoraAdapter | None) -> Any:
+        if adapter is None:
+            return None
+        lora = self._loras.get(adapter.int_id)
+        if lora is None:
+            raise NotFoundError(
+                f"adapter {adapter.name!r} is not registered (or was removed)", param="adapters"
+            )
+        return lora
+
+    def _lora_done(self, adapter_id: int) -> None:
+        users = self._lora_users.get(adapter_id, 0) - 1
+        if users > 0:
+            self._lora_users[adapter_id] = users
+            return
+        self._lora_users.pop(adapter_id, None)
+        idle = self._lora_idle.get(adapter_id)
+        if idle is not None:
+            idle.set()
+
+    # ------------------------------------------------------------------ requests
 
     async def abort(self, request_id: str) -> None:
         result = self._live.get(request_id)
@@ -158,10 +267,15 @@ class TrtllmEngine(EngineBase):
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
-        result = self._llm.generate_async(ids, sampling_params=self._sampling_params(params), streaming=True)
+        lora = self._lora_request(request.adapter)
+        result = self._llm.generate_async(
+            ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
+        )
         self._live[rid] = result
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(ids))
+        if lora is not None:  # counted until the stream ends: remove_adapter waits for these
+            self._lora_users[lora.lora_int_id] = self._lora_users.get(lora.lora_int_id, 0) + 1
         seen = 0
         try:
             async for output in result:
@@ -194,6 +308,8 @@ class TrtllmEngine(EngineBase):
                 result.abort()
             if self._live.get(rid) is result:
                 del self._live[rid]
+            if lora is not None:
+                self._lora_done(lora.lora_int_id)
 
     def _token(self, tid: int, logprobs: list[Any], index: int, params: SamplingParams) -> Token:
         position = logprobs[index] if index < len(logprobs) else None
@@ -218,3 +334,31 @@ def _logprob(entry: Any) -> float:
     """A log-prob from TensorRT-LLM's per-position entries (a Logprob object or a bare float)."""
     value = getattr(entry, "logprob", entry)
     return float(value)
+
+
+def _engine_linear_layers(folder: Path) -> dict[str, tuple[int, int]]:
+    """The linear layers of the model a compiled engine folder was built from, rebuilt (on the meta device)
+    from the ``pretrained_config`` TensorRT-LLM records in the folder's ``config.json``."""
+    import json
+
+    import transformers
+
+    from lmforge.adapters.validate import AdapterError, linear_layers_of
+
+    pretrained = json.loads((folder / "config.json").read_text()).get("pretrained_config") or {}
+    arch = str(pretrained.get("architecture", ""))
+    model_cls = getattr(transformers, arch, None)
+    if model_cls is None:
+        raise AdapterError(
+            f"cannot tell the layers of the compiled engine's model ({arch or 'no architecture recorded'}) "
+            "to check adapters against",
+            param="src",
+        )
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "num_hidden_layers", "max_position_embeddings")  # fmt: skip
+    config = model_cls.config_class(**{k: pretrained[k] for k in fields if pretrained.get(k) is not None})
+    import torch
+
+    with torch.device("meta"):
+        model = model_cls(config)
+    return linear_layers_of(model)

@@ -12,7 +12,11 @@ results between the two vocabularies:
 * a stop string ends with ``stop_sequence``, EOS or a stop token id with ``eos_token`` (LMI reports
   both as ``eos_token``);
 * closing the stream early (a client disconnect) closes vLLM's generator, which aborts the request;
-* an unseeded sampled request gets a seed of its own, as in LMI-Dist.
+* an unseeded sampled request gets a seed of its own, as in LMI-Dist;
+* LoRA (``option.enable_lora``): an adapter becomes a ``LoRARequest(name, int_id, path)`` loaded into
+  vLLM's host-memory adapter cache when it is registered, and every request for it carries that
+  ``LoRARequest``; vLLM moves adapters into its ``max_loras`` slots as batches need them. On vLLM's CPU
+  platform, :mod:`.lora_fix` (a vLLM plugin) keeps base-model rows from picking up an adapter's delta.
 """
 
 from __future__ import annotations
@@ -24,15 +28,25 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
-from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
+from lmforge.errors import (
+    ERROR_TABLE,
+    BadRequestError,
+    EngineDeadError,
+    LmforgeError,
+    NotFoundError,
+    NotReadyError,
+    OverloadedError,
+)
 
 if TYPE_CHECKING:
+    from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
 
 log = logging.getLogger("lmforge.engines.vllm")
@@ -67,6 +81,11 @@ class VllmEngine(EngineBase):
         self._eos_ids: set[int] = set()
         self._live: dict[str, _Live] = {}
         self._submissions = 0
+        # LoRA: adapter id -> vLLM's LoRARequest (registered, not removed); running requests per adapter
+        self._lora_layers: dict[str, tuple[int, int]] | None = None
+        self._loras: dict[int, Any] = {}
+        self._lora_users: dict[int, int] = {}
+        self._lora_idle: dict[int, asyncio.Event] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -74,6 +93,8 @@ class VllmEngine(EngineBase):
         from lmforge.engines.vllm.options import engine_kwargs
 
         kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        if self.config.enable_lora:
+            _allow_lora_fix()
         started = time.monotonic()
         self._llm = await asyncio.to_thread(self._create, kwargs)
         self.max_model_len = int(self._llm.model_config.max_model_len)
@@ -129,6 +150,85 @@ class VllmEngine(EngineBase):
             healthy = 1.0
         return {"running": running, "waiting": 0.0, **self._counters, "healthy": healthy}
 
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def lora_layers(self) -> dict[str, tuple[int, int]]:
+        if not self.config.enable_lora:
+            raise BadRequestError(
+                "LoRA adapters are not enabled; set option.enable_lora=true", param="adapters"
+            )
+        if self._lora_layers is None:
+            from lmforge.adapters.validate import linear_layers_from_folder
+
+            model = self.config.model_path or self.config.model_id
+            if model is None:
+                raise NotReadyError("the vLLM engine has no model folder")
+            self._lora_layers = linear_layers_from_folder(
+                Path(model), trust_remote_code=bool(self.config.trust_remote_code)
+            )
+        return self._lora_layers
+
+    async def add_adapter(self, adapter: LoraAdapter) -> None:
+        """Load ``adapter`` into vLLM's host-memory adapter cache now (unless ``preload`` is false), so
+        the first request for it does not pay the load. vLLM moves it into a slot when a batch needs it."""
+        from vllm.lora.request import LoRARequest
+
+        self.check_health()
+        if not self.config.enable_lora:
+            raise BadRequestError(
+                "LoRA adapters are not enabled; set option.enable_lora=true", param="adapters"
+            )
+        if _truthy(adapter.options.get("pin", False)):
+            # vLLM's scheduler lets max_loras distinct adapters into a step whatever is pinned, so a pinned
+            # slot can leave a step one slot short
+            raise BadRequestError(
+                f"cannot pin adapter {adapter.name!r}: the vLLM backend does not pin adapters (vLLM swaps "
+                f"adapters between its option.max_loras={self.config.max_loras} slots as batches need them)",
+                param="pin",
+            )
+        lora = LoRARequest(adapter.name, adapter.int_id, str(adapter.path))
+        try:
+            if _truthy(adapter.options.get("preload", True)):
+                await self._llm.add_lora(lora)
+        except LmforgeError:
+            raise
+        except Exception as exc:  # vLLM's own checks; across processes they arrive as plain Exceptions
+            raise _adapter_error(adapter, exc, self.config.max_loras) from None
+        self._loras[adapter.int_id] = lora
+
+    async def remove_adapter(self, adapter: LoraAdapter) -> None:
+        """New requests cannot use ``adapter`` from now on; vLLM drops it once the requests already
+        running with it are done (they finish with it: vLLM would otherwise read the adapter's files
+        again at its next step, and the registry may delete them once this returns)."""
+        if self._loras.pop(adapter.int_id, None) is None:
+            return
+        if self._lora_users.get(adapter.int_id):
+            idle = self._lora_idle.setdefault(adapter.int_id, asyncio.Event())
+            await idle.wait()
+        self._lora_idle.pop(adapter.int_id, None)
+        if self._llm is not None and not self._llm.errored:
+            await self._llm.remove_lora(adapter.int_id)  # frees its slot and its host-memory copy
+
+    def _lora_request(self, adapter: LoraAdapter | None) -> Any:
+        if adapter is None:
+            return None
+        lora = self._loras.get(adapter.int_id)
+        if lora is None:
+            raise NotFoundError(
+                f"adapter {adapter.name!r} is not registered (or was removed)", param="adapters"
+            )
+        return lora
+
+    def _lora_done(self, adapter_id: int) -> None:
+        users = self._lora_users.get(adapter_id, 0) - 1
+        if users > 0:
+            self._lora_users[adapter_id] = users
+            return
+        self._lora_users.pop(adapter_id, None)
+        idle = self._lora_idle.get(adapter_id)
+        if idle is not None:
+            idle.set()
+
     # ------------------------------------------------------------------ requests
 
     async def abort(self, request_id: str) -> None:
@@ -154,7 +254,9 @@ class VllmEngine(EngineBase):
                 repetition_penalty=params.repetition_penalty,
                 seed=params.seed,
                 ignore_eos=params.ignore_eos,
-                logprobs=params.top_n_logprobs,
+                # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
+                # frontend's CPU per token (bench/frontend_overhead.py)
+                logprobs=params.top_n_logprobs if params.logprobs else None,
                 output_kind=RequestOutputKind.DELTA,
                 # stop strings and text are lmforge's (as for LMI-Dist): every token gets its own text
                 detokenize=False,
@@ -182,6 +284,7 @@ class VllmEngine(EngineBase):
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
+        lora = self._lora_request(request.adapter)
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
@@ -190,8 +293,12 @@ class VllmEngine(EngineBase):
         self._live[rid] = live
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(prompt_ids))
+        if lora is not None:  # counted until the stream ends: remove_adapter waits for these
+            self._lora_users[lora.lora_int_id] = self._lora_users.get(lora.lora_int_id, 0) + 1
         try:
-            stream = self._llm.generate({"prompt_token_ids": prompt_ids}, sampling, live.vllm_id)
+            stream = self._llm.generate(
+                {"prompt_token_ids": prompt_ids}, sampling, live.vllm_id, lora_request=lora
+            )
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
                     output = await anext(stream)
@@ -219,6 +326,8 @@ class VllmEngine(EngineBase):
                 self._counters["aborted_total"] += 1
             if self._live.get(rid) is live:
                 del self._live[rid]
+            if lora is not None:
+                self._lora_done(lora.lora_int_id)
 
     def _events(self, output: Any, params: SamplingParams, state: TokenStream) -> list[GenerationEvent]:
         completion = output.outputs[0]
@@ -249,3 +358,54 @@ class VllmEngine(EngineBase):
         if reason == "abort":
             return FinishReason.ABORT
         return FinishReason.ERROR
+
+
+def _adapter_error(adapter: LoraAdapter, exc: Exception, max_loras: int) -> LmforgeError:
+    """vLLM's refusal to load an adapter, as a client error that names the adapter and the option."""
+    text = str(exc)
+    lowered = text.lower()
+    if "no free" in lowered or "slots" in lowered:
+        return OverloadedError(
+            f"vLLM has no free LoRA slot for adapter {adapter.name!r} (option.max_loras={max_loras}): {text}",
+            retry_after=1,
+        )
+    if "rank" in lowered:
+        return BadRequestError(
+            f"vLLM refuses adapter {adapter.name!r} (rank {adapter.rank}): {text}; "
+            "raise option.max_lora_rank or use a smaller adapter",
+            param="src",
+        )
+    return BadRequestError(f"vLLM could not load adapter {adapter.name!r}: {text}", param="src")
+
+
+def _allow_lora_fix() -> None:
+    """Where vLLM's CPU LoRA ops give base-model rows an adapter's delta (:mod:`.lora_fix`), patch this
+    process and make sure vLLM loads the same patch (lmforge's ``vllm.general_plugins`` entry point) in
+    its engine-core and worker processes. Elsewhere (GPU, a fixed vLLM) nothing is done."""
+    import os
+    from importlib.metadata import entry_points
+
+    from vllm.platforms import current_platform
+
+    from lmforge.engines.vllm import lora_fix
+
+    if not current_platform.is_cpu() or not lora_fix.apply():
+        return
+    plugins = {ep.name: ep.value for ep in entry_points(group=lora_fix.PLUGIN_GROUP)}
+    if not plugins.get(lora_fix.PLUGIN_NAME, "").startswith("lmforge."):
+        from lmforge.engines.vllm.options import VllmOptionError
+
+        raise VllmOptionError(
+            "option.enable_lora=true on vLLM's CPU platform needs lmforge's vLLM plugin "
+            f"({lora_fix.PLUGIN_GROUP}: {lora_fix.PLUGIN_NAME}), which this installation lacks: without it "
+            "base-model requests batched with adapter requests get an adapter's weights "
+            "(vllm-project/vllm#49656). Install lmforge as a package (pip install .)"
+        )
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and lora_fix.PLUGIN_NAME not in allowed.split(","):
+        os.environ["VLLM_PLUGINS"] = ",".join([p for p in allowed.split(",") if p] + [lora_fix.PLUGIN_NAME])
+        log.info("VLLM_PLUGINS extended with %s (vLLM-CPU LoRA fix)", lora_fix.PLUGIN_NAME)
+
+
+def _truthy(value: Any) -> bool:
+    return value not in (False, None, 0, "false", "False", "0", "no", "")

@@ -74,6 +74,7 @@ MAPPINGS: tuple[OptionMapping, ...] = (
     OptionMapping("enable_lora", "enable_lora"),
     OptionMapping("max_loras", "max_loras", lambda v, c: v if c.enable_lora else None),
     OptionMapping("max_lora_rank", "max_lora_rank", lambda v, c: v if c.enable_lora else None),
+    OptionMapping("max_cpu_loras", "max_cpu_loras", lambda v, c: v if c.enable_lora else None),
     OptionMapping("trust_remote_code", "trust_remote_code"),
     OptionMapping("revision", "revision"),
 )
@@ -133,6 +134,11 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
         if value is not None:
             kwargs[mapping.arg] = value
     problems = []
+    if config.enable_lora and config.max_cpu_loras is not None and config.max_cpu_loras < config.max_loras:
+        problems.append(
+            f"option.max_cpu_loras={config.max_cpu_loras} is less than option.max_loras={config.max_loras}: "
+            "vLLM keeps every adapter of its slots in host memory too"
+        )
     mapped = {m.arg for m in MAPPINGS}
     for name, text in sorted(extra_options.items()):
         if name in _OWN_OPTIONS:
@@ -187,6 +193,7 @@ def mapping_markdown() -> str:
         "rope_scaling": ' (`{"rope_scaling": ...}`)',
         "max_loras": " (with `enable_lora`)",
         "max_lora_rank": " (with `enable_lora`)",
+        "max_cpu_loras": " (with `enable_lora`; unset: `max_loras`)",
     }
     for m in MAPPINGS:
         lines.append(f"| `option.{m.option}` | `{m.arg}`{notes.get(m.option, '')} |")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,17 +39,31 @@ class RequestOutput:
     finished: bool = False
 
 
-def fake_next_token(prompt: list[int], generated: list[int], vocab: int) -> int:
-    """The fake engine's deterministic "model": a function of the last token and the position."""
+def fake_next_token(prompt: list[int], generated: list[int], vocab: int, shift: int = 0) -> int:
+    """The fake engine's deterministic "model": a function of the last token and the position (and, for a
+    LoRA request, of the adapter: ``shift``)."""
     last = (generated or prompt)[-1]
-    return (last * 31 + 7 * (len(generated) + 1)) % (vocab - 10) + 5
+    return (last * 31 + 7 * (len(generated) + 1) + shift) % (vocab - 10) + 5
+
+
+def fake_lora_shift(lora_path: str) -> int:
+    """The fake's stand-in for an adapter's effect on the tokens: a number drawn from its weights file."""
+    digest = hashlib.sha256((Path(lora_path) / "adapter_model.safetensors").read_bytes()).digest()
+    return int.from_bytes(digest[:2], "big") % 997 + 1
 
 
 class GenerationResult:
     def __init__(
-        self, llm: LLM, request_id: int, prompt: list[int], params: SamplingParams, streaming: bool
+        self,
+        llm: LLM,
+        request_id: int,
+        prompt: list[int],
+        params: SamplingParams,
+        streaming: bool,
+        shift: int = 0,
     ) -> None:
         self._llm, self._prompt, self._params, self._streaming = llm, prompt, params, streaming
+        self._shift = shift
         self._aborted = False
         self.output = RequestOutput(request_id, prompt, [CompletionOutput()])
 
@@ -67,7 +83,7 @@ class GenerationResult:
             completion.finish_reason = "cancelled"
             self.output.finished = True
             return self.output
-        token = fake_next_token(self._prompt, completion.token_ids, self._llm.vocab)
+        token = fake_next_token(self._prompt, completion.token_ids, self._llm.vocab, self._shift)
         completion.token_ids = [*completion.token_ids, token]
         completion.logprobs = [
             *completion.logprobs,
@@ -126,6 +142,16 @@ class LLM:
         }
         self.build_config = build_config
         self.gather_generation_logits = gather_generation_logits
+        from tensorrt_llm.lora_helper import LoraConfig
+
+        if lora_config is not None and not isinstance(lora_config, LoraConfig):
+            raise TypeError(f"lora_config must be a LoraConfig, got {type(lora_config).__name__}")
+        self.enable_lora = enable_lora
+        self.lora_config = lora_config
+        # the host-memory adapter cache (TensorRT-LLM's PEFT cache): adapter id -> its effect, LRU order
+        self.lora_cache: OrderedDict[int, int] = OrderedDict()
+        self.lora_loads: list[int] = []
+        self.lora_requests: list[Any] = []
         self.aborted: list[int] = []
         self._next = 0
         config = json.loads((self.model / "config.json").read_text())
@@ -192,10 +218,32 @@ class LLM:
                 "`sampling_params.logprobs` requires `gather_generation_logits=True` to be passed explicitly "
                 "to the `LLM()` constructor."
             )
+        shift = 0 if lora_request is None else self._lora(lora_request)
         self._next += 1
         return GenerationResult(
-            self, self._next, list(inputs), sampling_params or SamplingParams(), streaming
+            self, self._next, list(inputs), sampling_params or SamplingParams(), streaming, shift
         )
+
+    def _lora(self, request: Any) -> int:
+        from tensorrt_llm.executor.request import LoRARequest
+
+        if not isinstance(request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
+        if not self.enable_lora or self.lora_config is None:
+            raise ValueError(
+                "a LoRA request needs an LLM built and loaded with enable_lora and a lora_config"
+            )
+        self.lora_requests.append(request)
+        if request.lora_int_id in self.lora_cache:  # cached by id: the path is not read again
+            self.lora_cache.move_to_end(request.lora_int_id)
+            return self.lora_cache[request.lora_int_id]
+        shift = fake_lora_shift(request.lora_path)
+        self.lora_loads.append(request.lora_int_id)
+        self.lora_cache[request.lora_int_id] = shift
+        capacity = self.lora_config.max_cpu_loras or self.lora_config.max_loras or 1
+        while len(self.lora_cache) > capacity:
+            self.lora_cache.popitem(last=False)
+        return shift
 
     def shutdown(self) -> None:
         pass

