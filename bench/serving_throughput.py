@@ -2,26 +2,20 @@
 
 Starts a real server process on loopback, sends streaming requests at several concurrencies and
 writes bench/results/serving-lmi-dist.json (TTFT, ITL, end-to-end latency, output tokens/s) plus the
-attention comparison bench/results/lmi-dist-attention.json. Metric definitions follow vLLM's
-benchmark: TTFT = request sent -> first token; ITL = gap between consecutive tokens; TPOT = (e2e -
-TTFT) / (tokens - 1).
+attention comparison bench/results/lmi-dist-attention.json. The load and the figures come from
+`lmforge.bench` (`lmforge bench`); metric definitions as vLLM's benchmark (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import httpx
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -29,71 +23,54 @@ RESULTS = ROOT / "bench" / "results"
 
 from tests.utils import RemoteServer  # noqa: E402
 
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+LEVELS = [(1, 8), (8, 32), (32, 64)]  # (concurrency, requests)
+INPUT_LEN = 16
+OUTPUT_LEN = 64
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {
-        "mean": statistics.fmean(values) if values else float("nan"),
-        "p50": pct(values, 0.5),
-        "p90": pct(values, 0.9),
-        "p99": pct(values, 0.99),
-    }
+def _seconds(figure: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: None if v is None else v / 1000 for k, v in figure.items()}
 
 
-def one_request(client: httpx.Client, url: str, prompt: str, max_new: int) -> dict[str, object]:
-    body = {
-        "inputs": prompt,
-        "parameters": {"max_new_tokens": max_new, "ignore_eos_token": True},
-        "stream": True,
-    }
-    start = time.perf_counter()
-    stamps: list[float] = []
-    with client.stream("POST", url + "/invocations", json=body) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if line:
-                stamps.append(time.perf_counter())
-    end = time.perf_counter()
-    return {
-        "ttft": stamps[0] - start,
-        "itl": [b - a for a, b in itertools.pairwise(stamps)],
-        "e2e": end - start,
-        "tokens": len(stamps),
-    }
+def run_levels(url: str, model: Path) -> list[dict[str, Any]]:
+    """One `lmforge.bench` run per level, in this file's result schema (seconds for TTFT and E2E)."""
+    from lmforge.bench import BenchConfig, Load, benchmark
 
-
-def run_level(url: str, concurrency: int, requests: int, max_new: int) -> dict[str, object]:
-    prompts = [f"def function_{i}(x):\n    return " for i in range(requests)]
-    # One pooled client: a new httpx client per request builds an SSL context (tens of ms of CPU),
-    # which on a 2-core machine would be measured as server latency.
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    with httpx.Client(timeout=300, limits=limits) as client, ThreadPoolExecutor(concurrency) as pool:
-        t0 = time.perf_counter()
-        results = list(pool.map(lambda p: one_request(client, url, p, max_new), prompts))
-        wall = time.perf_counter() - t0
-    tokens = sum(int(r["tokens"]) for r in results)
-    itl = [x for r in results for x in r["itl"]]  # type: ignore[attr-defined]
-    tpot = [(float(r["e2e"]) - float(r["ttft"])) / max(1, int(r["tokens"]) - 1) for r in results]
-    return {
-        "concurrency": concurrency,
-        "requests": requests,
-        "output_tokens": tokens,
-        "duration_s": wall,
-        "output_tokens_per_s": tokens / wall,
-        "requests_per_s": requests / wall,
-        "ttft_s": summary([float(r["ttft"]) for r in results]),
-        "itl_ms": {k: v * 1000 for k, v in summary(itl).items()},
-        "tpot_ms": {k: v * 1000 for k, v in summary(tpot).items()},
-        "e2e_s": summary([float(r["e2e"]) for r in results]),
-    }
+    levels = []
+    for conc, reqs in LEVELS:
+        config = BenchConfig(
+            target=url,
+            api="lmforge",
+            num_requests=reqs,
+            input_len=INPUT_LEN,
+            output_len=OUTPUT_LEN,
+            seed=0,
+            warmup=1,
+            tokenizer=str(model),
+        )
+        rec = benchmark(config, [Load(concurrency=conc)])[0]
+        if rec["failed"]:
+            raise RuntimeError(f"{rec['failed']} requests failed at concurrency {conc}: {rec['errors']}")
+        levels.append(
+            {
+                "concurrency": conc,
+                "requests": reqs,
+                "output_tokens": rec["total_output_tokens"],
+                "duration_s": rec["duration_s"],
+                "output_tokens_per_s": rec["output_throughput"],
+                "requests_per_s": rec["request_throughput"],
+                "ttft_s": _seconds(rec["ttft_ms"]),
+                "itl_ms": rec["itl_ms"],
+                "tpot_ms": rec["tpot_ms"],
+                "e2e_s": _seconds(rec["e2el_ms"]),
+            }
+        )
+        ttft, itl = rec["ttft_ms"], rec["itl_ms"]
+        print(
+            f"concurrency {conc:>3}: {rec['output_throughput']:.0f} tok/s, "
+            f"TTFT p50 {ttft['p50']:.1f} ms, ITL p50 {itl['p50']:.2f} ms"
+        )
+    return levels
 
 
 def main() -> None:
@@ -102,18 +79,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         model = write_example_model(Path(tmp) / "tiny")
-        levels = []
         with RemoteServer(model) as srv:
-            with httpx.Client() as client:
-                one_request(client, srv.url, "warm up", 8)
-            for conc, reqs in [(1, 8), (8, 32), (32, 64)]:
-                level = run_level(srv.url, conc, reqs, 64)
-                levels.append(level)
-                ttft, itl = level["ttft_s"], level["itl_ms"]
-                print(
-                    f"concurrency {conc:>3}: {level['output_tokens_per_s']:.0f} tok/s, "
-                    f"TTFT p50 {ttft['p50'] * 1000:.1f} ms, ITL p50 {itl['p50']:.2f} ms"  # type: ignore[index]
-                )
+            levels = run_levels(srv.url, model)
         attention = subprocess.run(
             [sys.executable, str(ROOT / "bench" / "lmi_dist_attention.py"), str(model)],
             capture_output=True,
@@ -130,7 +97,13 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
-        "settings": {"max_new_tokens": 64, "torch_threads": 1, "framing": "jsonlines"},
+        "settings": {
+            "max_new_tokens": OUTPUT_LEN,
+            "prompt_tokens": INPUT_LEN,
+            "torch_threads": 1,
+            "framing": "jsonlines",
+            "client": "lmforge.bench",
+        },
         "levels": levels,
     }
     (RESULTS / "serving-lmi-dist.json").write_text(json.dumps(result, indent=2) + "\n")

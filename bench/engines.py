@@ -1,0 +1,148 @@
+"""Engines: LMI-Dist vs vLLM, both through `lmforge serve`, same tiny model, concurrency 32.
+
+Both servers run at once (LMI-Dist with the example model's serving.properties, vLLM with the
+settings of bench/frontend_overhead.py, both fp32 and 32+ sequences per batch); the same client
+(`lmforge.bench`, LMI jsonlines) loads them alternately, round by round, and the figures are
+medians over the rounds. Writes bench/results/engines.json with ``ratio`` = LMI-Dist output
+tokens/s / vLLM output tokens/s (target >= 0.8).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+NAME = "engines"
+
+from bench.frontend_overhead import INPUT_LEN, OUTPUT_LEN, lmforge_server, server_env, vllm_model  # noqa: E402
+
+CONCURRENCY = 32
+REQUESTS = 128
+TARGET = 0.8
+
+
+def measure(url: str, model: Path) -> dict[str, Any]:
+    from lmforge.bench import BenchConfig, Load, benchmark
+
+    config = BenchConfig(
+        target=url,
+        api="lmforge",
+        num_requests=REQUESTS,
+        input_len=INPUT_LEN,
+        output_len=OUTPUT_LEN,
+        seed=0,
+        warmup=8,
+        tokenizer=str(model),
+    )
+    return benchmark(config, [Load(concurrency=CONCURRENCY)])[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    args = parser.parse_args()
+    started = time.monotonic()
+    runs: dict[str, list[dict[str, Any]]] = {"lmi-dist": [], "vllm": []}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        vllm_dir = vllm_model(tmp / "vllm")
+        lmi_dir = tmp / "lmi-dist"
+        shutil.copytree(vllm_dir, lmi_dir)
+        from lmforge.models.example import SERVING_PROPERTIES
+
+        (lmi_dir / "serving.properties").write_text(SERVING_PROPERTIES)
+        lmi_properties = SERVING_PROPERTIES
+        env = server_env(tmp / "vllm-cache")
+        with lmforge_server(vllm_dir, env) as vllm, lmforge_server(lmi_dir, env) as lmi:
+            print(f"servers up after {time.monotonic() - started:.0f} s", flush=True)
+            urls = {"lmi-dist": lmi.url, "vllm": vllm.url}
+            for r in range(args.rounds):
+                order = list(urls) if r % 2 == 0 else list(reversed(urls))
+                for label in order:
+                    rec = measure(urls[label], lmi_dir)
+                    runs[label].append(rec)
+                    print(
+                        f"round {r + 1} {label:<8} {rec['output_throughput']:7.0f} tok/s  "
+                        f"TPOT p50 {rec['tpot_ms']['p50']:.2f} ms  failed {rec['failed']}",
+                        flush=True,
+                    )
+    medians = {k: statistics.median(r["output_throughput"] for r in v) for k, v in runs.items()}
+    sample = runs["vllm"][0]
+    result = {
+        "name": NAME,
+        "ratio": medians["lmi-dist"] / medians["vllm"],
+        "target": TARGET,
+        "output_throughput": medians,
+        "output_throughput_rounds": {k: [r["output_throughput"] for r in v] for k, v in runs.items()},
+        "tpot_ms_p50": {k: statistics.median(r["tpot_ms"]["p50"] for r in v) for k, v in runs.items()},
+        "ttft_ms_p50": {k: statistics.median(r["ttft_ms"]["p50"] for r in v) for k, v in runs.items()},
+        "failed": {k: sum(r["failed"] for r in v) for k, v in runs.items()},
+        "settings": {
+            "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
+            "concurrency": CONCURRENCY,
+            "requests": REQUESTS,
+            "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN,
+            "rounds": args.rounds,
+            "lmi_dist_properties": [
+                line for line in lmi_properties.splitlines() if line and not line.startswith("#")
+            ],
+            "vllm_properties": _properties_lines(),
+        },
+        "versions": sample["versions"],
+        "machine": sample["machine"],
+        "wall_s": round(time.monotonic() - started, 1),
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    print(f"wrote {args.out}")
+
+
+def _properties_lines() -> list[str]:
+    from bench.frontend_overhead import PROPERTIES
+
+    return PROPERTIES.strip().splitlines()
+
+
+def report(result: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    s = result["settings"]
+    tput, tpot, ttft = result["output_throughput"], result["tpot_ms_p50"], result["ttft_ms_p50"]
+    rounds = {k: ", ".join(f"{x:.0f}" for x in v) for k, v in result["output_throughput_rounds"].items()}
+    rows = "\n".join(
+        f"| {name} | {tput[name]:.0f} | {rounds[name]} | {tpot[name]:.2f} | {ttft[name]:.1f} |"
+        for name in ("lmi-dist", "vllm")
+    )
+    met = "met" if result["ratio"] >= result["target"] else "MISSED"
+    return f"""## Engines: LMI-Dist vs vLLM (`bench/engines.py`)
+
+Both through `lmforge serve` (LMI jsonlines), the example model in fp32, concurrency
+{s["concurrency"]}, {s["requests"]} requests per run, {s["input_len"]} prompt tokens,
+{s["output_len"]} output tokens (EOS ignored); both servers up at once, loaded alternately for
+{s["rounds"]} rounds; medians over the rounds. Result: `bench/results/engines.json`.
+
+| engine | output tok/s (median) | rounds | TPOT p50 (ms) | TTFT p50 (ms) |
+| --- | --- | --- | --- | --- |
+{rows}
+
+Ratio LMI-Dist / vLLM: **{result["ratio"]:.2f}x** (target >= {result["target"]}x: {met}).
+"""
+
+
+if __name__ == "__main__":
+    main()

