@@ -1,0 +1,346 @@
+"""Cold start: time from process start to ``/ping`` 200 for ``lmforge serve``, broken down, vs the
+engine's own load time.
+
+For each backend (LMI-Dist; vLLM when installed) the example model is served by a fresh
+``python -m lmforge serve`` process; this script stamps the wall clock just before starting it,
+polls ``/ping`` every 20 ms and reads the server's log afterwards:
+
+* ``server_boot``: process start -> lmforge's "serving ... on http" line (Python, lmforge, uvicorn,
+  config; the port is bound right after);
+* LMI-Dist: the engine's one-line phase log (``lmi-dist startup phases (s): import=... tokenizer=...
+  weights=... batching_init=... kv_cache=... warmup=... start=...``);
+* vLLM: the engine's own log lines that say what took how long (weights, KV cache, warm-up), and a
+  timeline of its start from the log's time stamps (vLLM's carry whole seconds): vLLM imported,
+  engine config resolved, EngineCore process started, worker process started, weights loaded, KV
+  cache + warm-up done, ready;
+* ``ready``: process start -> first ``/ping`` 200; what the phases do not account for is listed as
+  ``unaccounted``.
+
+The engine's own load time, for comparison: LMI-Dist = a bare script (fresh process: import torch and
+transformers, ``from_pretrained`` tokenizer and model, one ``generate`` call as warm-up); vLLM = the
+durations its own log lines report. Best of ``--repeats`` starts (by time to ready).
+
+Usage: python bench/cold_start.py [--repeats 3] [--no-vllm] [--out bench/results/cold-start.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+NAME = "cold-start"
+ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+#: the same vLLM-CPU settings as tests/integration/test_vllm.py
+VLLM_PROPERTIES = """\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_model_len=1024
+option.max_rolling_batch_size=32
+option.enforce_eager=true
+option.kv_cache_memory_mb=256
+option.enable_prefix_caching=false
+"""
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+_PHASES = re.compile(r"lmi-dist startup phases \(s\): (.*)$")
+_VLLM_TOOK = re.compile(r"\] (.*?(?:took|loading took)[^\n]*?)([\d.]+) (?:s|sec|seconds)\b")
+
+
+# ---------------------------------------------------------------------------------- pure pieces
+
+
+def log_time(line: str) -> float | None:
+    """The epoch time of a line logged by lmforge's log format (``asctime`` with milliseconds)."""
+    m = _STAMP.match(line)
+    if m is None:
+        return None
+    stamp = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+    return time.mktime(stamp.timetuple()) + int(m.group(2)) / 1000
+
+
+def lmi_phases(log: str) -> dict[str, float]:
+    """The phases of LMI-Dist's startup line, in order."""
+    for line in log.splitlines():
+        m = _PHASES.search(line)
+        if m:
+            return {k: float(v) for k, v in (kv.split("=", 1) for kv in m.group(1).split())}
+    return {}
+
+
+def vllm_durations(log: str) -> list[dict[str, Any]]:
+    """vLLM's own "... took N s" lines (weights, KV cache, warm-up), as ``{"what", "seconds"}``."""
+    out = []
+    for line in log.splitlines():
+        m = _VLLM_TOOK.search(line)
+        if m:
+            out.append({"what": m.group(1).strip(" :,"), "seconds": float(m.group(2))})
+    return out
+
+
+_VLLM_STAMP = re.compile(r" (?:INFO|WARNING|DEBUG|ERROR) (\d\d-\d\d \d\d:\d\d:\d\d) \[")
+#: milestones of a vLLM start, in order: (label, what marks it in the log)
+VLLM_MILESTONES = (
+    ("lmforge server up", re.compile(r"lmforge serving ")),
+    ("vLLM imported", re.compile(r"^\S+ \S+ (?:INFO|WARNING) vllm\.")),
+    ("engine config resolved", re.compile(r"Resolved architecture")),
+    ("EngineCore process started", re.compile(r"Initializing a V1 LLM engine")),
+    ("worker process started, model load begins", re.compile(r"Starting to load model")),
+    ("weights loaded", re.compile(r"Loading weights took")),
+    ("KV cache + warm-up done", re.compile(r"init engine \(profile, create kv cache, warmup model\)")),
+    ("ready (lmforge: model loaded)", re.compile(r"model loaded in ")),
+)
+
+
+def any_time(line: str, year: int) -> float | None:
+    """The epoch time of an lmforge log line (ms) or a vLLM log line (``MM-DD HH:MM:SS``, whole seconds)."""
+    stamp = log_time(line)
+    if stamp is not None:
+        return stamp
+    m = _VLLM_STAMP.search(line)
+    if m is None:
+        return None
+    when = dt.datetime.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S")
+    return time.mktime(when.timetuple())
+
+
+def vllm_timeline(t0: float, log: str) -> list[dict[str, Any]]:
+    """When each vLLM start milestone was logged, in seconds after process start ``t0`` (vLLM's own
+    lines carry whole seconds), and the time since the previous milestone."""
+    year = time.localtime(t0).tm_year
+    lines = log.splitlines()
+    out: list[dict[str, Any]] = []
+    prev = 0.0
+    for label, pattern in VLLM_MILESTONES:
+        hit = next((ln for ln in lines if pattern.search(ln)), None)
+        stamp = any_time(hit, year) if hit is not None else None
+        if stamp is None:
+            continue
+        at = max(0.0, stamp - t0)
+        out.append({"milestone": label, "at_s": round(at, 3), "phase_s": round(max(0.0, at - prev), 3)})
+        prev = max(prev, at)
+    return out
+
+
+def breakdown(t0: float, ready: float, log: str) -> dict[str, Any]:
+    """Process start ``t0`` and first ``/ping`` 200 ``ready`` (epoch seconds) against the log."""
+    boot = None
+    loaded = None
+    for line in log.splitlines():
+        if boot is None and "lmforge serving " in line:
+            boot = log_time(line)
+        m = re.search(r"model loaded in ([\d.]+) s", line)
+        if m:
+            loaded = float(m.group(1))
+    out: dict[str, Any] = {"ready_s": ready - t0}
+    if boot is not None:
+        out["server_boot_s"] = max(0.0, boot - t0)
+    if loaded is not None:
+        out["model_load_s"] = loaded
+    if boot is not None and loaded is not None:
+        out["unaccounted_s"] = out["ready_s"] - out["server_boot_s"] - loaded
+    return out
+
+
+# ---------------------------------------------------------------------------------- runs
+
+
+def start_and_time(
+    model: Path, env: dict[str, str], timeout: float, attempts: int = 3
+) -> tuple[dict[str, Any], str, float]:
+    """One cold start: (breakdown, server log, process start time). A start whose log does not say the
+    model loaded answered /ping from somewhere else (another process took the port first): retried."""
+    for _ in range(attempts):
+        row, log, t0 = _start_once(model, env, timeout)
+        if "model_load_s" in row:
+            return row, log, t0
+        print(
+            "cold start: /ping answered before this server loaded its model (port taken?); again", flush=True
+        )
+    raise RuntimeError(f"no valid cold start in {attempts} attempts")
+
+
+def _start_once(model: Path, env: dict[str, str], timeout: float) -> tuple[dict[str, Any], str, float]:
+    import httpx
+
+    sys.path.insert(0, str(ROOT))
+    from tests.utils import free_port
+
+    port = free_port()
+    log_path = model.parent / f"serve-{port}.log"
+    with open(log_path, "wb") as log_file:
+        cmd = [
+            sys.executable,
+            "-m",
+            "lmforge",
+            "serve",
+            str(model),
+            "--port",
+            str(port),
+            "--log-level",
+            "info",
+        ]
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        ready = None
+        try:
+            with httpx.Client(timeout=1) as client:
+                while time.time() - t0 < timeout:
+                    if proc.poll() is not None:
+                        raise RuntimeError(
+                            f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                        )
+                    try:
+                        if client.get(f"http://127.0.0.1:{port}/ping").status_code == 200:
+                            ready = time.time()
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    time.sleep(0.02)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    log = log_path.read_text(errors="replace")
+    if ready is None:
+        raise TimeoutError(f"/ping not 200 within {timeout} s:\n{log[-3000:]}")
+    return breakdown(t0, ready, log), log, t0
+
+
+BARE_SCRIPT = """
+import json, sys, time
+t = {"interpreter": time.time()}
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+torch.set_num_threads(1)
+t["import"] = time.time()
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+t["tokenizer"] = time.time()
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+t["weights"] = time.time()
+with torch.inference_mode():
+    model.generate(**tok("def f(x):", return_tensors="pt"), max_new_tokens=2, do_sample=False)
+t["warmup"] = time.time()
+print("TIMES " + json.dumps(t))
+"""
+
+
+def bare_transformers(model: Path) -> dict[str, float]:
+    """A fresh process that loads the model the plain transformers way; phase durations in seconds."""
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-c", BARE_SCRIPT, str(model)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **ENV},
+        check=True,
+    )
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("TIMES "))
+    stamps = json.loads(line[6:])
+    out, prev = {}, t0
+    for key in ("interpreter", "import", "tokenizer", "weights", "warmup"):
+        out[f"{key}_s"] = stamps[key] - prev
+        prev = stamps[key]
+    out["total_s"] = prev - t0
+    return out
+
+
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(runs, key=lambda r: float(r["ready_s"]))
+
+
+def lmi_dist(tiny: Path, repeats: int) -> dict[str, Any]:
+    runs = []
+    for _ in range(repeats):
+        row, log, _t0 = start_and_time(tiny, {**os.environ, **ENV}, 300)
+        row["engine_phases_s"] = lmi_phases(log)
+        runs.append(row)
+        print(f"lmi-dist: ready in {row['ready_s']:.2f} s {row}", flush=True)
+    bare = [bare_transformers(tiny) for _ in range(repeats)]
+    own = min(bare, key=lambda r: r["total_s"])
+    print(f"lmi-dist: bare transformers load {own}", flush=True)
+    fastest = best(runs)
+    return {
+        "backend": "lmi-dist",
+        "best": fastest,
+        "runs": [r["ready_s"] for r in runs],
+        "engine_own": {"kind": "bare transformers script (fresh process)", **own},
+        "ratio_ready_vs_own": fastest["ready_s"] / own["total_s"],
+    }
+
+
+def vllm(tiny: Path, repeats: int, cache: Path) -> dict[str, Any]:
+    folder = tiny.parent / "vllm-model"
+    if not folder.exists():
+        shutil.copytree(tiny, folder)
+        (folder / "serving.properties").write_text(VLLM_PROPERTIES)
+    env = {**os.environ, **ENV, **VLLM_ENV, "VLLM_CACHE_ROOT": str(cache)}
+    runs = []
+    for _ in range(repeats):
+        row, log, t0 = start_and_time(folder, env, 600)
+        row["engine_log_durations"] = vllm_durations(log)
+        row["timeline"] = vllm_timeline(t0, log)
+        runs.append(row)
+        print(f"vllm: ready in {row['ready_s']:.2f} s {row}", flush=True)
+    fastest = best(runs)
+    return {
+        "backend": "vllm",
+        "best": fastest,
+        "runs": [r["ready_s"] for r in runs],
+        "engine_own": {"kind": "vLLM's own log lines", "lines": fastest["engine_log_durations"]},
+    }
+
+
+def main() -> None:
+    import importlib.util
+
+    from lmforge.bench.results import machine, versions
+    from lmforge.models.example import write_example_model
+
+    parser = argparse.ArgumentParser(description="cold start of lmforge serve, broken down")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even when installed")
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    args = parser.parse_args()
+    backends = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = write_example_model(Path(tmp) / "tiny")
+        backends.append(lmi_dist(tiny, args.repeats))
+        if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
+            backends.append(vllm(tiny, args.repeats, Path(tmp) / "vllm-cache"))
+    result = {
+        "name": NAME,
+        "machine": machine(),
+        "versions": versions(),
+        "command": "python bench/cold_start.py",
+        "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
+        "settings": {"repeats": args.repeats, "torch_threads": 1, "ping_poll_s": 0.02},
+        "backends": backends,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
