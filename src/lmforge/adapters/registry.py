@@ -160,7 +160,7 @@ class AdapterRegistry:
                 continue
             for sub in sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")):
                 try:
-                    await self.register(sub.name, str(sub), {"preload": True})
+                    await self.register(sub.name, str(sub.resolve()), {"preload": True})
                 except AdapterError as exc:
                     raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
                 names.append(sub.name)

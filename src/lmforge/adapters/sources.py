@@ -20,6 +20,10 @@ from typing import Any
 
 from lmforge.adapters.validate import AdapterError
 
+PLATFORM_ADAPTER_ROOTS_ENV = "LMFORGE_ADAPTER_ROOTS"
+"""Folders a platform downloads adapters into for the container (SageMaker adapter inference
+components, the local SageMaker): added to ``option.adapter_roots``, never replaced by it."""
+
 
 def _split(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
@@ -51,6 +55,7 @@ class SourcePolicy:
 
         roots = adapter_folders(config)
         roots += [Path(p).expanduser() for p in _split(config.adapter_roots)]
+        roots += [Path(p) for p in _split(os.environ.get(PLATFORM_ADAPTER_ROOTS_ENV))]
         prefixes = [p if p.endswith("/") else p + "/" for p in _split(config.adapter_s3_prefixes)]
         for prefix in prefixes:
             if not prefix.startswith("s3://") or len(prefix) <= len("s3://") + 1 or ".." in prefix.split("/"):
@@ -59,7 +64,7 @@ class SourcePolicy:
                     param="option.adapter_s3_prefixes",
                 )
         return cls(
-            roots=[Path(os.path.realpath(r)) for r in roots],
+            roots=list(dict.fromkeys(Path(os.path.realpath(r)) for r in roots)),
             s3_prefixes=prefixes,
             cache_dir=cache_root().parent / "adapters",
             download_timeout_s=float(config.model_loading_timeout or 600),

@@ -14,6 +14,8 @@ def main() -> None:
 
 
 def _register() -> None:
+    from lmforge.cli.adapter_cmd import adapter_group
+    from lmforge.cli.bench_cmd import bench_command
     from lmforge.cli.compile_cmd import compile_command
     from lmforge.cli.config_cmd import config_group
     from lmforge.cli.container_cmd import container_group, image_uri_command
@@ -37,9 +39,11 @@ def _register() -> None:
     main.add_command(wait_command)
     main.add_command(delete_command)
     main.add_command(invoke_command)
+    main.add_command(adapter_group)
     main.add_command(container_group)
     main.add_command(compile_command)
     main.add_command(image_uri_command)
+    main.add_command(bench_command)
 
 
 _register()

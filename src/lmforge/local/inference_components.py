@@ -5,7 +5,11 @@ An inference component places a model on an endpoint whose configuration has var
 list, update, update-runtime-config and delete, with SageMaker's statuses (``Creating`` ->
 ``InService`` | ``Failed``, ``Updating``, ``Deleting``). The provisioner starts one container per
 component from its ``Specification`` (a ``ModelName``, or a ``Container`` with ``ArtifactUrl``).
-Adapter components (``BaseInferenceComponentName``) are refused with a clear reason for now.
+
+Adapter components (``Specification.BaseInferenceComponentName`` plus ``Container.ArtifactUrl``, no
+``ComputeResourceRequirements``) get no container: the provisioner downloads the adapter and registers
+it with the base component's container (see :mod:`.provisioner`). A base component that still has
+adapter components cannot be deleted.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ class InferenceComponent:
             out["FailureReason"] = self.failure_reason
         return out
 
+    @property
+    def base_name(self) -> str | None:
+        """The base component of an adapter component (None for a base component)."""
+        base = self.specification.get("BaseInferenceComponentName")
+        return str(base) if base else None
+
     def summary(self) -> dict[str, Any]:
         full = self.describe()
         keys = (
@@ -76,6 +86,37 @@ class InferenceComponent:
             "LastModifiedTime",
         )
         return {k: full[k] for k in keys}
+
+
+def check_adapter_spec(backend: Any, spec: dict[str, Any], endpoint_name: str, validation_error: Any) -> None:
+    """Refuse an adapter component's Specification the way SageMaker documents it: an existing base
+    component (itself no adapter) on the same endpoint, the adapter in Container.ArtifactUrl, and no
+    ModelName or ComputeResourceRequirements (an adapter uses its base's)."""
+    base_name = spec["BaseInferenceComponentName"]
+    base = components(backend).get(base_name)
+    if base is None:
+        raise validation_error(f"Could not find inference component '{base_name}'.")
+    if base.base_name:
+        raise validation_error(
+            f"Inference component {base_name} is an adapter inference component; "
+            "BaseInferenceComponentName must name a component that hosts a model."
+        )
+    if base.endpoint_name != endpoint_name:
+        raise validation_error(
+            f"Base inference component {base_name} is on endpoint {base.endpoint_name}, not {endpoint_name}."
+        )
+    for key in ("ModelName", "ComputeResourceRequirements"):
+        if spec.get(key):
+            raise validation_error(
+                f"Specification.{key} must be omitted for an adapter inference component "
+                "(BaseInferenceComponentName): it uses the base inference component's model and resources."
+            )
+    url = (spec.get("Container") or {}).get("ArtifactUrl")
+    if not isinstance(url, str) or not url.startswith("s3://") or len(url) <= len("s3://"):
+        raise validation_error(
+            "Specification.Container.ArtifactUrl must give the adapter's S3 location (s3://...) for an "
+            "adapter inference component."
+        )
 
 
 def components(backend: Any) -> dict[str, InferenceComponent]:
@@ -125,9 +166,10 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
             )
         if spec.get("ModelName") and spec["ModelName"] not in backend._models:
             raise validation_error(f"Could not find model '{spec['ModelName']}'.")
-        base = spec.get("BaseInferenceComponentName")
-        if base and base not in components(backend):
-            raise validation_error(f"Could not find inference component '{base}'.")
+        if spec.get("BaseInferenceComponentName"):
+            check_adapter_spec(backend, spec, endpoint_name, validation_error)
+            if not self._get_param("VariantName"):
+                variant = components(backend)[spec["BaseInferenceComponentName"]].variant_name
         runtime = self._get_param("RuntimeConfig") or {}
         now = utcnow()
         arn = f"arn:aws:sagemaker:{backend.region_name}:{backend.account_id}:inference-component/{name}"
@@ -177,6 +219,13 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
             )
         spec = self._get_param("Specification")
         runtime = self._get_param("RuntimeConfig")
+        if spec and (spec.get("BaseInferenceComponentName") or component.base_name):
+            if spec.get("BaseInferenceComponentName") != component.base_name:
+                raise validation_error(
+                    f"Cannot change BaseInferenceComponentName of inference component {component.name} "
+                    f"(it is {component.base_name or 'not set'}); create a new inference component instead."
+                )
+            check_adapter_spec(backend, spec, component.endpoint_name, validation_error)
         if runtime:
             component.copy_count = int(runtime.get("CopyCount", component.copy_count))
         component.modified = utcnow()
@@ -197,6 +246,12 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
     def delete(self: Any) -> Any:
         backend = self.sagemaker_backend
         component = get(backend, self._get_param("InferenceComponentName"))
+        adapters = sorted(c.name for c in components(backend).values() if c.base_name == component.name)
+        if adapters:
+            raise validation_error(
+                f"Cannot delete inference component {component.name}: adapter inference components "
+                f"{', '.join(adapters)} use it as their BaseInferenceComponentName. Delete them first."
+            )
         del components(backend)[component.name]
         component.status = "Deleting"
         hooks().component_deleted(backend, component)

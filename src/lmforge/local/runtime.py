@@ -162,6 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         headers = {h: v for h in _FORWARDED if (v := self.headers.get(h)) is not None}
         headers.setdefault("Content-Type", "application/octet-stream")
+        if route.adapter is not None:  # an adapter inference component: its base's container serves it
+            headers["X-Amzn-SageMaker-Adapter-Identifier"] = route.adapter
         if accept:
             headers["Accept"] = accept
         conn = http.client.HTTPConnection("127.0.0.1", route.port, timeout=timeout)

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
+from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
-from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotFoundError, NotReadyError
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
@@ -66,9 +67,7 @@ class TrtllmEngine(EngineBase):
         self._dead: str | None = None
         # LoRA: adapter id -> TensorRT-LLM's LoRARequest (registered, not removed); running requests per id
         self._lora_layers: dict[str, tuple[int, int]] | None = None
-        self._loras: dict[int, Any] = {}
-        self._lora_users: dict[int, int] = {}
-        self._lora_idle: dict[int, asyncio.Event] = {}
+        self._loras = LoraHandles()
 
     async def start(self) -> None:
         from lmforge.engines.trtllm.api import load_api
@@ -194,35 +193,11 @@ class TrtllmEngine(EngineBase):
             raise BadRequestError(
                 f"TensorRT-LLM refuses adapter {adapter.name!r}: {exc}", param="src"
             ) from None
-        self._loras[adapter.int_id] = lora
+        self._loras.add(adapter, lora)
 
     async def remove_adapter(self, adapter: LoraAdapter) -> None:
         """New requests cannot use ``adapter``; returns once the requests running with it are done."""
-        if self._loras.pop(adapter.int_id, None) is None:
-            return
-        if self._lora_users.get(adapter.int_id):
-            await self._lora_idle.setdefault(adapter.int_id, asyncio.Event()).wait()
-        self._lora_idle.pop(adapter.int_id, None)
-
-    def _lora_request(self, adapter: LoraAdapter | None) -> Any:
-        if adapter is None:
-            return None
-        lora = self._loras.get(adapter.int_id)
-        if lora is None:
-            raise NotFoundError(
-                f"adapter {adapter.name!r} is not registered (or was removed)", param="adapters"
-            )
-        return lora
-
-    def _lora_done(self, adapter_id: int) -> None:
-        users = self._lora_users.get(adapter_id, 0) - 1
-        if users > 0:
-            self._lora_users[adapter_id] = users
-            return
-        self._lora_users.pop(adapter_id, None)
-        idle = self._lora_idle.get(adapter_id)
-        if idle is not None:
-            idle.set()
+        await self._loras.retire(adapter)
 
     # ------------------------------------------------------------------ requests
 
@@ -267,7 +242,7 @@ class TrtllmEngine(EngineBase):
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
-        lora = self._lora_request(request.adapter)
+        lora = self._loras.get(request.adapter)
         result = self._llm.generate_async(
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
         )
@@ -275,7 +250,7 @@ class TrtllmEngine(EngineBase):
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
-            self._lora_users[lora.lora_int_id] = self._lora_users.get(lora.lora_int_id, 0) + 1
+            self._loras.begin(lora.lora_int_id)
         seen = 0
         try:
             async for output in result:
@@ -309,7 +284,7 @@ class TrtllmEngine(EngineBase):
             if self._live.get(rid) is result:
                 del self._live[rid]
             if lora is not None:
-                self._lora_done(lora.lora_int_id)
+                self._loras.done(lora.lora_int_id)
 
     def _token(self, tid: int, logprobs: list[Any], index: int, params: SamplingParams) -> Token:
         position = logprobs[index] if index < len(logprobs) else None

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
+from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import (
@@ -40,7 +41,6 @@ from lmforge.errors import (
     BadRequestError,
     EngineDeadError,
     LmforgeError,
-    NotFoundError,
     NotReadyError,
     OverloadedError,
 )
@@ -83,9 +83,7 @@ class VllmEngine(EngineBase):
         self._submissions = 0
         # LoRA: adapter id -> vLLM's LoRARequest (registered, not removed); running requests per adapter
         self._lora_layers: dict[str, tuple[int, int]] | None = None
-        self._loras: dict[int, Any] = {}
-        self._lora_users: dict[int, int] = {}
-        self._lora_idle: dict[int, asyncio.Event] = {}
+        self._loras = LoraHandles()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -194,40 +192,16 @@ class VllmEngine(EngineBase):
             raise
         except Exception as exc:  # vLLM's own checks; across processes they arrive as plain Exceptions
             raise _adapter_error(adapter, exc, self.config.max_loras) from None
-        self._loras[adapter.int_id] = lora
+        self._loras.add(adapter, lora)
 
     async def remove_adapter(self, adapter: LoraAdapter) -> None:
         """New requests cannot use ``adapter`` from now on; vLLM drops it once the requests already
         running with it are done (they finish with it: vLLM would otherwise read the adapter's files
         again at its next step, and the registry may delete them once this returns)."""
-        if self._loras.pop(adapter.int_id, None) is None:
+        if not await self._loras.retire(adapter):
             return
-        if self._lora_users.get(adapter.int_id):
-            idle = self._lora_idle.setdefault(adapter.int_id, asyncio.Event())
-            await idle.wait()
-        self._lora_idle.pop(adapter.int_id, None)
         if self._llm is not None and not self._llm.errored:
             await self._llm.remove_lora(adapter.int_id)  # frees its slot and its host-memory copy
-
-    def _lora_request(self, adapter: LoraAdapter | None) -> Any:
-        if adapter is None:
-            return None
-        lora = self._loras.get(adapter.int_id)
-        if lora is None:
-            raise NotFoundError(
-                f"adapter {adapter.name!r} is not registered (or was removed)", param="adapters"
-            )
-        return lora
-
-    def _lora_done(self, adapter_id: int) -> None:
-        users = self._lora_users.get(adapter_id, 0) - 1
-        if users > 0:
-            self._lora_users[adapter_id] = users
-            return
-        self._lora_users.pop(adapter_id, None)
-        idle = self._lora_idle.get(adapter_id)
-        if idle is not None:
-            idle.set()
 
     # ------------------------------------------------------------------ requests
 
@@ -284,7 +258,7 @@ class VllmEngine(EngineBase):
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
-        lora = self._lora_request(request.adapter)
+        lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
@@ -294,7 +268,7 @@ class VllmEngine(EngineBase):
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(prompt_ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
-            self._lora_users[lora.lora_int_id] = self._lora_users.get(lora.lora_int_id, 0) + 1
+            self._loras.begin(lora.lora_int_id)
         try:
             stream = self._llm.generate(
                 {"prompt_token_ids": prompt_ids}, sampling, live.vllm_id, lora_request=lora
@@ -327,7 +301,7 @@ class VllmEngine(EngineBase):
             if self._live.get(rid) is live:
                 del self._live[rid]
             if lora is not None:
-                self._lora_done(lora.lora_int_id)
+                self._loras.done(lora.lora_int_id)
 
     def _events(self, output: Any, params: SamplingParams, state: TokenStream) -> list[GenerationEvent]:
         completion = output.outputs[0]

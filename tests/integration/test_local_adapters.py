@@ -1,0 +1,525 @@
+"""Multi-LoRA through SageMaker's adapter inference components, on the local SageMaker with the real
+boto3 client and the real CLI: a base component (the tiny model with option.enable_lora=true) and
+adapter components on it, each invoked with InferenceComponentName and compared with PEFT; update,
+delete, failures; `lmforge adapter add|list|remove` against the endpoint and against a server.
+
+One local SageMaker (``lmforge local up``, a separate process) and one base component serve the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.lora_utils import PeftReference, make_adapter
+from tests.utils import TEST_ENV, RemoteServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REGION = "us-west-2"
+ENDPOINT = "lora-endpoint"
+BASE = "lora-base"
+PROMPT = "def fibonacci(n):"
+NEW = 10
+BUCKET = "lora-artifacts"
+
+
+def _lmforge(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment a user gets from ``eval "$(lmforge local up --print-env)"``."""
+    state = tmp_path_factory.mktemp("local-sagemaker")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base.update(TEST_ENV)
+    base["AWS_DEFAULT_REGION"] = REGION
+    up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
+    exports = {}
+    for line in up.stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            exports[key] = shlex.split(value)[0]
+    yield {**base, **exports}
+    _lmforge("local", "down", "--state-dir", str(state), env=base)
+
+
+@pytest.fixture(scope="module")
+def clients(local: dict[str, str]) -> dict[str, Any]:
+    """Plain boto3 clients, configured only through the environment."""
+    import boto3
+    from botocore.config import Config
+
+    saved = dict(os.environ)
+    os.environ.update(local)
+    try:
+        session = boto3.session.Session()
+        cfg = Config(retries={"max_attempts": 1})
+        return {name: session.client(name, config=cfg) for name in ("sagemaker", "sagemaker-runtime", "s3")}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def material(
+    tiny_model: Path, lora_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The base model folder (LoRA on, max rank 16) and adapters, good and bad."""
+    root = tmp_path_factory.mktemp("lora-ic")
+    model = root / "model"
+    shutil.copytree(tiny_model, model)
+    props = (
+        "engine=Python\noption.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\n"
+        "option.max_lora_rank=16\noption.max_rolling_batch_size=8\n"
+    )
+    # with and without adapter roots of its own: the local SageMaker's download folder is added through
+    # LMFORGE_ADAPTER_ROOTS either way
+    plain = root / "plain-model"
+    shutil.copytree(tiny_model, plain)
+    (plain / "serving.properties").write_text(props)
+    (model / "serving.properties").write_text(props + f"option.adapter_roots={root / 'elsewhere'}\n")
+    pickled = root / "pickled"
+    shutil.copytree(lora_adapters["a1"], pickled)
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04pickle")
+    return {
+        "model": model,
+        "plain-model": plain,
+        **lora_adapters,
+        "pickled": pickled,
+        "big-rank": make_adapter(tiny_model, root / "big-rank", seed=9, rank=32, targets=("q_proj",)),
+    }
+
+
+@pytest.fixture(scope="module")
+def peft(tiny_model: Path, lora_adapters: dict[str, Path]) -> PeftReference:
+    return PeftReference(tiny_model, lora_adapters)
+
+
+def _tarball(folder: Path, out: Path, *, nested: bool = False) -> Path:
+    """An adapter .tar.gz: the files at the top (lmforge package), or inside one folder (tar czf)."""
+    import tarfile
+
+    from lmforge.artifacts import package_model
+
+    if not nested:
+        return package_model(folder, out, validate=False).output
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    return out
+
+
+def _put(clients: dict[str, Any], path: Path, key: str) -> str:
+    clients["s3"].upload_file(str(path), BUCKET, key)
+    return f"s3://{BUCKET}/{key}"
+
+
+def _wait(sm: Any, name: str, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        desc = sm.describe_inference_component(InferenceComponentName=name)
+        if desc["InferenceComponentStatus"] not in ("Creating", "Updating"):
+            return dict(desc)
+        assert time.monotonic() < deadline, desc
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def base_component(
+    clients: dict[str, Any], local: dict[str, str], material: dict[str, Path], tmp_path_factory: Any
+) -> str:
+    """An endpoint for inference components with the base model on it as component BASE."""
+    from lmforge.artifacts import package_model
+
+    s3, sm = clients["s3"], clients["sagemaker"]
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    archive = package_model(material["model"], tmp_path_factory.mktemp("pkg") / "model.tar.gz").output
+    role = local["LMFORGE_ROLE_ARN"]
+    sm.create_model(
+        ModelName="lora-model",
+        ExecutionRoleArn=role,
+        PrimaryContainer={
+            "Image": "lmforge:cpu",
+            "ModelDataUrl": _put(clients, archive, "base/model.tar.gz"),
+        },
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName="lora-config",
+        ExecutionRoleArn=role,
+        ProductionVariants=[
+            {"VariantName": "main", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
+        ],
+    )
+    sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName="lora-config")
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=ENDPOINT, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+    )
+    sm.create_inference_component(
+        InferenceComponentName=BASE,
+        EndpointName=ENDPOINT,
+        VariantName="main",
+        Specification={
+            "ModelName": "lora-model",
+            "ComputeResourceRequirements": {
+                "NumberOfAcceleratorDevicesRequired": 1,
+                "MinMemoryRequiredInMb": 1024,
+            },
+        },
+        RuntimeConfig={"CopyCount": 1},
+    )
+    desc = _wait(sm, BASE, 180)
+    assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
+    return BASE
+
+
+def _body(stream: bool = False) -> str:
+    params = {"max_new_tokens": NEW, "ignore_eos_token": True, "details": True}
+    return json.dumps({"inputs": PROMPT, "parameters": params, "stream": stream})
+
+
+def _tokens(smr: Any, component: str, stream: bool = False) -> list[int]:
+    if not stream:
+        resp = smr.invoke_endpoint(
+            EndpointName=ENDPOINT,
+            InferenceComponentName=component,
+            Body=_body(),
+            ContentType="application/json",
+        )
+        return [t["id"] for t in json.loads(resp["Body"].read())["details"]["tokens"]]
+    from lmforge.client import iter_stream_objects
+
+    resp = smr.invoke_endpoint_with_response_stream(
+        EndpointName=ENDPOINT,
+        InferenceComponentName=component,
+        Body=_body(True),
+        ContentType="application/json",
+    )
+    return [obj["token"]["id"] for obj in iter_stream_objects(resp["Body"])]
+
+
+def _base_dir(local: dict[str, str]) -> Path:
+    """The folder of the base component's (latest) container."""
+    return sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", ENDPOINT).glob(f"{BASE}-*"))[-1]
+
+
+def _adapter_folders(local: dict[str, str], name: str) -> list[Path]:
+    root = Path(local["LMFORGE_LOCAL_DIR"], "adapters")
+    return sorted(p for p in root.rglob(f"{name}-*") if p.is_dir())
+
+
+def _create_adapter(sm: Any, name: str, url: str) -> dict[str, Any]:
+    sm.create_inference_component(
+        InferenceComponentName=name,
+        EndpointName=ENDPOINT,
+        Specification={"BaseInferenceComponentName": BASE, "Container": {"ArtifactUrl": url}},
+    )
+    return _wait(sm, name)
+
+
+def test_adapter_components_equal_peft(
+    base_component: str,
+    clients: dict[str, Any],
+    local: dict[str, str],
+    material: dict[str, Path],
+    peft: PeftReference,
+    tmp_path: Path,
+) -> None:
+    sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    # a1 as a .tar.gz (files at the top), a2 as an uncompressed S3 prefix
+    a1_url = _put(clients, _tarball(material["a1"], tmp_path / "a1.tar.gz"), "adapters/a1/adapter.tar.gz")
+    for f in material["a2"].iterdir():
+        _put(clients, f, f"adapters/a2/{f.name}")
+    for name, url in (("ic-a1", a1_url), ("ic-a2", f"s3://{BUCKET}/adapters/a2/")):
+        desc = _create_adapter(sm, name, url)
+        assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
+        assert desc["Specification"]["BaseInferenceComponentName"] == BASE
+        assert desc["Specification"]["Container"]["ArtifactUrl"] == url
+        assert desc["VariantName"] == "main"
+    listed = sm.list_inference_components(EndpointNameEquals=ENDPOINT)["InferenceComponents"]
+    assert sorted(c["InferenceComponentName"] for c in listed) == sorted([BASE, "ic-a1", "ic-a2"])
+
+    assert _tokens(smr, BASE) == peft.greedy(PROMPT, NEW, None)
+    for name, adapter in (("ic-a1", "a1"), ("ic-a2", "a2")):
+        expected = peft.greedy(PROMPT, NEW, adapter)
+        assert _tokens(smr, name) == expected, name
+        assert _tokens(smr, name, stream=True) == expected, name
+    assert peft.greedy(PROMPT, NEW, "a1") != peft.greedy(PROMPT, NEW, None)  # the comparison can fail
+
+    # a base component with adapters cannot be deleted
+    with pytest.raises(sm.exceptions.ClientError, match="ic-a1, ic-a2 use it"):
+        sm.delete_inference_component(InferenceComponentName=BASE)
+
+    # update: a new artifact (a3, a tarball of its folder) replaces a1's files under the same name
+    old = _adapter_folders(local, "ic-a1")
+    a3_url = _put(
+        clients, _tarball(material["a3"], tmp_path / "a3.tar.gz", nested=True), "adapters/a3.tar.gz"
+    )
+    sm.update_inference_component(
+        InferenceComponentName="ic-a1",
+        Specification={"BaseInferenceComponentName": BASE, "Container": {"ArtifactUrl": a3_url}},
+    )
+    desc = _wait(sm, "ic-a1")
+    assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc, desc
+    assert desc["Specification"]["Container"]["ArtifactUrl"] == a3_url
+    assert _tokens(smr, "ic-a1") == peft.greedy(PROMPT, NEW, "a3")
+    assert len(old) == 1 and not old[0].exists() and len(_adapter_folders(local, "ic-a1")) == 1
+
+    # the base container dies: it is restarted and gets its adapters registered again
+    pid = int(_base_dir(local).joinpath("container.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while int(_base_dir(local).joinpath("container.pid").read_text()) == pid:  # the watchdog restarts it
+        assert time.monotonic() < deadline, "the base container was not restarted"
+        time.sleep(0.2)
+    while True:
+        try:
+            assert _tokens(smr, "ic-a2") == peft.greedy(PROMPT, NEW, "a2")
+            break
+        except smr.exceptions.ModelError:  # starting, or its adapters not registered again yet
+            assert time.monotonic() < deadline, "the adapter did not come back after a restart"
+            time.sleep(0.5)
+    assert _tokens(smr, "ic-a1") == peft.greedy(PROMPT, NEW, "a3")
+
+    # delete: deregistered, files gone, invocations refused
+    folder = _adapter_folders(local, "ic-a2")[0]
+    sm.delete_inference_component(InferenceComponentName="ic-a2")
+    deadline = time.monotonic() + 30
+    while folder.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    with pytest.raises(smr.exceptions.ValidationError, match="not in service"):
+        _tokens(smr, "ic-a2")
+    with pytest.raises(sm.exceptions.ClientError, match="Could not find"):
+        sm.describe_inference_component(InferenceComponentName="ic-a2")
+    assert "adapter ic-a2 removed" in _base_dir(local).joinpath("container.log").read_text()
+    sm.delete_inference_component(InferenceComponentName="ic-a1")
+    assert _tokens(smr, BASE) == peft.greedy(PROMPT, NEW, None)
+
+
+def test_bad_adapters_fail_with_a_reason(
+    base_component: str, clients: dict[str, Any], material: dict[str, Path], tmp_path: Path
+) -> None:
+    sm = clients["sagemaker"]
+    cases = {
+        "bad-pickled": (material["pickled"], "adapter_model.bin is not allowed"),
+        "bad-rank": (material["big-rank"], "max_lora_rank=16"),
+    }
+    for name, (folder, needle) in cases.items():
+        url = _put(clients, _tarball(folder, tmp_path / f"{name}.tar.gz"), f"bad/{name}.tar.gz")
+        desc = _create_adapter(sm, name, url)
+        assert desc["InferenceComponentStatus"] == "Failed", desc
+        assert needle in desc["FailureReason"] and BASE in desc["FailureReason"], desc["FailureReason"]
+        sm.delete_inference_component(InferenceComponentName=name)
+    desc = _create_adapter(sm, "bad-missing", f"s3://{BUCKET}/no/such/adapter.tar.gz")
+    assert desc["InferenceComponentStatus"] == "Failed" and "download" in desc["FailureReason"], desc
+    sm.delete_inference_component(InferenceComponentName="bad-missing")
+    # refused up front, as SageMaker refuses them
+    good = {"BaseInferenceComponentName": BASE, "Container": {"ArtifactUrl": f"s3://{BUCKET}/adapters/a1/"}}
+    bad_specs = [
+        ({**good, "BaseInferenceComponentName": "nope"}, "Could not find inference component 'nope'"),
+        ({**good, "ComputeResourceRequirements": {"MinMemoryRequiredInMb": 1024}}, "must be omitted"),
+        ({"BaseInferenceComponentName": BASE}, "ArtifactUrl"),
+    ]
+    for spec, needle in bad_specs:
+        with pytest.raises(sm.exceptions.ClientError, match=needle):
+            sm.create_inference_component(
+                InferenceComponentName="refused", EndpointName=ENDPOINT, Specification=spec
+            )
+
+
+def test_cli_against_the_endpoint(
+    base_component: str,
+    clients: dict[str, Any],
+    local: dict[str, str],
+    material: dict[str, Path],
+    peft: PeftReference,
+) -> None:
+    """`lmforge adapter add NAME FOLDER --endpoint`: checked, uploaded, created, waited for."""
+    smr = clients["sagemaker-runtime"]
+    target = ("--endpoint", ENDPOINT)
+    added = _lmforge(
+        "adapter", "add", "cli-a2", str(material["a2"]), *target, "--base-component", BASE, env=local
+    )
+    assert "cli-a2: InService (created)" in added.stdout
+    assert "--inference-component cli-a2" in added.stderr and "upload" in added.stderr
+    assert _tokens(smr, "cli-a2") == peft.greedy(PROMPT, NEW, "a2")
+    out = _lmforge(
+        "invoke", ENDPOINT, PROMPT, "--inference-component", "cli-a2", "--max-new-tokens", "6", env=local
+    )
+    assert (
+        out.stdout.strip()
+        == peft.tokenizer.decode(peft.greedy(PROMPT, 6, "a2"), skip_special_tokens=True).strip()
+    )
+
+    again = _lmforge(
+        "adapter", "add", "cli-a2", str(material["a2"]), *target, "--base-component", BASE, env=local
+    )
+    assert "(updated)" in again.stdout and "nothing sent" in again.stderr  # content-addressed upload
+    rows = json.loads(_lmforge("adapter", "list", *target, "--json", env=local).stdout)
+    assert [(r["name"], r["base"], r["status"]) for r in rows] == [("cli-a2", BASE, "InService")]
+    assert rows[0]["artifact"].startswith("s3://sagemaker-us-west-2-") and rows[0]["artifact"].endswith(
+        ".tar.gz"
+    )
+    table = _lmforge("adapter", "list", *target, env=local).stdout
+    assert table.split()[:4] == ["NAME", "BASE", "STATUS", "ARTIFACT"] and "cli-a2" in table
+
+    refused = _lmforge(
+        "adapter",
+        "add",
+        "cli-bad",
+        str(material["pickled"]),
+        *target,
+        "--base-component",
+        BASE,
+        env=local,
+        check=False,
+    )
+    assert refused.returncode == 1 and "adapter_model.bin is not allowed" in refused.stderr
+    failed = _lmforge(
+        "adapter",
+        "add",
+        "cli-big",
+        str(material["big-rank"]),
+        *target,
+        "--base-component",
+        BASE,
+        env=local,
+        check=False,
+    )
+    assert (
+        failed.returncode == 1 and "cli-big Failed" in failed.stderr and "max_lora_rank=16" in failed.stderr
+    )
+    _lmforge("adapter", "remove", "cli-big", *target, env=local)
+    not_adapter = _lmforge("adapter", "remove", BASE, *target, env=local, check=False)
+    assert not_adapter.returncode == 1 and "not an adapter inference component" in not_adapter.stderr
+
+    removed = _lmforge("adapter", "remove", "cli-a2", *target, env=local)
+    assert "cli-a2: deleted" in removed.stdout
+    assert json.loads(_lmforge("adapter", "list", *target, "--json", env=local).stdout) == []
+    usage = _lmforge("adapter", "list", env=local, check=False)
+    assert usage.returncode == 2 and "--url" in usage.stderr and "--endpoint" in usage.stderr
+
+
+def test_cli_against_a_server(material: dict[str, Path], peft: PeftReference, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(material["model"], model)
+    roots = tmp_path / "roots"
+    for name in ("a1", "pickled"):
+        shutil.copytree(material[name], roots / name)
+    with (model / "serving.properties").open("a") as f:
+        f.write(f"option.adapter_roots={roots}\n")
+    env = {**os.environ, **TEST_ENV}
+    with RemoteServer(model) as srv:
+        url = ("--url", srv.url)
+        added = _lmforge("adapter", "add", "x1", str(roots / "a1"), *url, env=env)
+        assert "x1: registered" in added.stdout and "rank 8" in added.stdout
+        rows = json.loads(_lmforge("adapter", "list", *url, "--model", "model", "--json", env=env).stdout)
+        assert [(r["name"], r["rank"], r["src"]) for r in rows] == [("x1", 8, str(roots / "a1"))]
+        body = {
+            "inputs": PROMPT,
+            "adapters": "x1",
+            "parameters": {"max_new_tokens": NEW, "ignore_eos_token": True, "details": True},
+        }
+        answer = httpx.post(srv.url + "/invocations", json=body, timeout=60).json()
+        assert [t["id"] for t in answer["details"]["tokens"]] == peft.greedy(PROMPT, NEW, "a1")
+
+        bad = _lmforge("adapter", "add", "x2", str(roots / "pickled"), *url, env=env, check=False)
+        assert bad.returncode == 1
+        assert (
+            "400" in bad.stderr
+            and "adapter_model.bin is not allowed" in bad.stderr
+            and "Traceback" not in bad.stderr
+        )
+        outside = _lmforge("adapter", "add", "x3", "/etc", *url, env=env, check=False)
+        assert outside.returncode == 1 and "outside the allowed" in outside.stderr
+
+        assert "x1: removed" in _lmforge("adapter", "remove", "x1", *url, env=env).stdout
+        again = _lmforge("adapter", "remove", "x1", *url, env=env, check=False)
+        assert again.returncode == 1 and "404" in again.stderr and "'x1'" in again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+    gone = _lmforge("adapter", "list", "--url", srv.url, env=env, check=False)
+    assert gone.returncode == 1 and "cannot reach" in gone.stderr
+
+
+def test_adapter_on_a_starting_base_then_endpoint_delete(
+    base_component: str,
+    clients: dict[str, Any],
+    local: dict[str, str],
+    material: dict[str, Path],
+    peft: PeftReference,
+    tmp_path: Path,
+) -> None:
+    """An adapter component created while its base is still Creating waits for it; deleting the endpoint
+    takes the adapters and their files with it."""
+    from lmforge.artifacts import package_model
+
+    sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    archive = package_model(material["plain-model"], tmp_path / "model.tar.gz").output
+    sm.create_model(
+        ModelName="plain-model",
+        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
+        PrimaryContainer={
+            "Image": "lmforge:cpu",
+            "ModelDataUrl": _put(clients, archive, "plain/model.tar.gz"),
+        },
+    )
+    sm.create_inference_component(
+        InferenceComponentName="lora-base2",
+        EndpointName=ENDPOINT,
+        Specification={"ModelName": "plain-model"},
+        RuntimeConfig={"CopyCount": 1},
+    )
+    sm.create_inference_component(
+        InferenceComponentName="late-a1",
+        EndpointName=ENDPOINT,
+        Specification={
+            "BaseInferenceComponentName": "lora-base2",
+            "Container": {"ArtifactUrl": f"s3://{BUCKET}/adapters/a1/adapter.tar.gz"},
+        },
+    )
+    assert (
+        sm.describe_inference_component(InferenceComponentName="late-a1")["InferenceComponentStatus"]
+        == "Creating"
+    )
+    desc = _wait(sm, "late-a1", 180)
+    assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
+    assert _tokens(smr, "late-a1") == peft.greedy(PROMPT, NEW, "a1")
+    # a new container for the base (UpdateInferenceComponent): the adapter moves with it
+    first = sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", ENDPOINT).glob("lora-base2-*"))
+    sm.update_inference_component(
+        InferenceComponentName="lora-base2",
+        Specification={"ModelName": "plain-model", "Container": {"Environment": {"OPTION_MAX_LORAS": "3"}}},
+    )
+    desc = _wait(sm, "lora-base2", 180)
+    assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc, desc
+    assert (
+        len(sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", ENDPOINT).glob("lora-base2-*")))
+        == len(first) + 1
+    )
+    assert _tokens(smr, "late-a1") == peft.greedy(PROMPT, NEW, "a1")
+    sm.delete_endpoint(EndpointName=ENDPOINT)
+    assert sm.list_inference_components(EndpointNameEquals=ENDPOINT)["InferenceComponents"] == []
+    deadline = time.monotonic() + 30
+    while _adapter_folders(local, "late-a1"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
