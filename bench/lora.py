@@ -90,9 +90,17 @@ async def run_batch(engine: Any, adapters: list[Any | None], tag: str) -> dict[s
     }
 
 
-async def best(engine: Any, adapters: list[Any | None], tag: str, rounds: int = 3) -> dict[str, float]:
-    runs = [await run_batch(engine, adapters, f"{tag}{r}") for r in range(rounds)]
-    return min(runs, key=lambda r: r["tpot_ms"])
+ROUNDS = 7
+
+
+async def interleaved(engine: Any, scenarios: dict[str, list[Any | None]]) -> dict[str, dict[str, float]]:
+    """Every scenario once per round, rounds one after another (so machine load hits all alike);
+    the median round of each by TPOT."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
+    for r in range(ROUNDS):
+        for name, adapters in scenarios.items():
+            runs[name].append(await run_batch(engine, adapters, f"{name}{r}"))
+    return {name: sorted(rs, key=lambda x: x["tpot_ms"])[len(rs) // 2] for name, rs in runs.items()}
 
 
 async def measure(model: Path, adapter_dirs: list[Path]) -> dict[str, Any]:
@@ -126,10 +134,11 @@ async def measure(model: Path, adapter_dirs: list[Path]) -> dict[str, Any]:
     lora = engine._lora
     assert lora is not None
     await run_batch(engine, [None] * 2, "warm")
-    base = await best(engine, [None] * CONCURRENCY, "base")
-    one = await best(engine, [handles[0]] * CONCURRENCY, "one")
     distinct = [handles[i % min(len(handles), MAX_LORAS)] for i in range(CONCURRENCY)]
-    mixed = await best(engine, distinct, "mixed")
+    figures = await interleaved(
+        engine, {"base": [None] * CONCURRENCY, "one": [handles[0]] * CONCURRENCY, "mixed": distinct}
+    )
+    base, one, mixed = figures["base"], figures["one"], figures["mixed"]
     churn_list = [handles[i % len(handles)] for i in range(32)]
     loads_before = lora.loads_total
     churn = await run_batch(engine, churn_list, "churn")
@@ -237,7 +246,8 @@ def report(result: dict[str, Any]) -> str:
         f"{result['model']}; engine only, {result['settings']['concurrency']} concurrent requests x "
         f"{result['settings']['new_tokens']} new tokens, greedy, "
         f"option.max_loras={result['settings']['max_loras']}, "
-        "best of 3 rounds. Overhead = TPOT with adapters - TPOT of the base model in the same run; "
+        f"median of {ROUNDS} interleaved rounds. Overhead = TPOT with adapters - TPOT of the base model "
+        "in the same run; "
         "bring-in = time for a request's adapter to get a slot when it is not resident. "
         f"Result: `bench/results/{result['name']}.json`.",
         "",

@@ -4,8 +4,8 @@ transformers' continuous batching applies one adapter (PEFT's active one) to the
 instead gives every request its own adapter, in the same forward pass:
 
 * each adapted ``nn.Linear`` keeps its module and weights and gets a forward that adds, for every
-  adapter present in the step, ``scaling * (x_rows @ A.T) @ B.T`` to that adapter's token rows only
-  (PEFT's formula, in the same order of operations, so greedy tokens equal PEFT's);
+  adapter present in the step, ``(x_rows @ A.T) @ (scaling * B).T`` to that adapter's token rows only
+  (PEFT's formula with the scaling folded into B; greedy tokens equal PEFT's, which the tests check);
 * which token rows belong to which adapter is computed once per step from the batch's requests (each
   carries its adapter id as a logits-processor kwarg) by :meth:`LoraRuntime.on_batch`, called by the
   logits-processor list while transformers prepares the step's tensors;
@@ -41,8 +41,8 @@ LORA_KWARG = "lmforge_lora"
 _WEIGHTS_ATTR = "_lmforge_lora"
 _PEFT_PREFIX = "base_model.model."
 
-Factors = tuple[torch.Tensor, torch.Tensor, float]
-"""(A [r, in], B [out, r], scaling) of one layer."""
+Factors = tuple[torch.Tensor, torch.Tensor]
+"""(A [r, in], scaling * B [out, r]) of one layer."""
 
 
 def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -65,27 +65,31 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         stack = _stack(self, table, present, runtime.key)
         a_cat, b_cat, cols = stack
         mask = runtime.onehot.index_select(1, cols)
-        flat_out += ((flat_x @ a_cat.t()) * mask) @ b_cat.t()
+        flat_out.addmm_((flat_x @ a_cat.t()) * mask, b_cat.t())
         return out
     for adapter_id, rows in groups:
+        if rows is _LAZY_ROWS and runtime is not None:
+            rows = torch.nonzero(runtime.per_token == adapter_id).squeeze(1).to(flat_x.device)
         factors = table.get(adapter_id)
         if factors is None:
             continue  # the adapter does not touch this layer (or was evicted after a cancel)
-        a, b, scaling = factors
+        a, b = factors
         if rows is None:
-            flat_out += ((flat_x @ a.t()) @ b.t()) * scaling
+            flat_out.addmm_(flat_x @ a.t(), b.t())  # out += (x A^T) (s B)^T, accumulated in place
         else:
-            flat_out.index_add_(0, rows, ((flat_x.index_select(0, rows) @ a.t()) @ b.t()) * scaling)
+            flat_out.index_add_(0, rows, (flat_x.index_select(0, rows) @ a.t()) @ b.t())
     return out
 
 
 _STACKS_KEPT = 8
+_LAZY_ROWS = torch.empty(0, dtype=torch.long)
+"""Marks a mixed step's groups: rows are computed only if the per-adapter path runs."""
 
 
 def _stack(
     linear: torch.nn.Linear, table: dict[int, Factors], present: tuple[int, ...], key: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[A_i] stacked on the rank axis, [B_i] (with their scalings folded in, as a mask factor) on
+    """[A_i] stacked on the rank axis, [s_i B_i] on
     theirs, and for every stacked rank column the index of its adapter in ``key`` (cached per set)."""
     cache: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], Any] = linear.__dict__.setdefault(
         "_lmforge_stacks", OrderedDict()
@@ -94,7 +98,7 @@ def _stack(
     if entry is not None:
         return entry  # type: ignore[no-any-return]
     a_cat = torch.cat([table[i][0] for i in present], dim=0)
-    b_cat = torch.cat([table[i][1] * table[i][2] for i in present], dim=1)
+    b_cat = torch.cat([table[i][1] for i in present], dim=1)
     cols = torch.cat(
         [torch.full((table[i][0].shape[0],), key.index(i), dtype=torch.long) for i in present]
     ).to(a_cat.device)
@@ -121,6 +125,8 @@ class LoraRuntime:
         self.onehot = torch.zeros(0, 0)
         """[tokens, len(key)]: 1 where a token row belongs to ``key[j]``, for a mixed step."""
         self.tokens = 0
+        self.per_token = torch.zeros(0, dtype=torch.long)
+        """The adapter id of every token row of a mixed step."""
         """Set on the generation thread before each forward: (adapter id, token rows or None = all)."""
         self._linears: dict[str, torch.nn.Linear] = {
             name: mod
@@ -160,10 +166,9 @@ class LoraRuntime:
             return
         per_token = torch.repeat_interleave(torch.tensor(ids), torch.tensor(lengths))
         key = tuple(sorted(present))
-        groups = []
-        for adapter_id in key:
-            rows = torch.nonzero(per_token == adapter_id).squeeze(1).to(self.device)
-            groups.append((adapter_id, rows))
+        # rows per adapter only for the (rare) per-adapter path; the stacked path needs the one-hot only
+        groups = [(adapter_id, _LAZY_ROWS) for adapter_id in key]
+        self.per_token = per_token
         self.key = key
         self.tokens = int(per_token.numel())
         self.onehot = (per_token.unsqueeze(1) == torch.tensor(key).unsqueeze(0)).to(self.device, self.dtype)
@@ -212,8 +217,7 @@ class LoraRuntime:
             table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
             table[adapter.int_id] = (
                 a.to(self.device, non_blocking=True),
-                b.to(self.device, non_blocking=True),
-                adapter.scaling,
+                (b * adapter.scaling).to(self.device, non_blocking=True),
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
