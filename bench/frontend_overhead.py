@@ -256,6 +256,7 @@ def main() -> None:
     sample = rounds["lmforge"][CONCURRENCY[0]][0]
     result = {
         "name": NAME,
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py",
         "ratio": min(row["ratio"] for row in rows),
         "targets": {"ratio_min": 0.98, "ratio_at_64": 1.10, "itl_overhead_ms": 0.5},
         "rows": rows,

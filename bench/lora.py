@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -185,8 +184,8 @@ async def measure(model: Path, adapter_dirs: list[Path]) -> dict[str, Any]:
 
 def main() -> None:
     import torch
-    import transformers
 
+    from lmforge.bench.results import machine, versions
     from lmforge.models.example import write_example_model
 
     torch.set_num_threads(1)
@@ -211,12 +210,9 @@ def main() -> None:
     worst_bring = max(lv["bring_in_ms"]["from_host_memory"]["p50"] for lv in levels)
     result = {
         "name": NAME,
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/lora.py",
+        "machine": machine(),
+        "versions": versions(),
         "model": "lmforge example-model (0.9 M-parameter random Llama, fp32), adapters r=8 on 7 projections",
         "settings": {
             "new_tokens": NEW_TOKENS,

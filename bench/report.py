@@ -353,6 +353,9 @@ batch x bandwidth / (weight bytes + batch x mean context x KV bytes per token). 
 # ---------------------------------------------------------------------------------- page
 
 
+LABELS = {"lora": "LoRA adapters", "frontend_overhead": "Frontend overhead", "engines": "Engines"}
+
+
 def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]]:
     """(scenario, figure, target, ratio vs target: >= 1 is met) for every scenario with a target."""
     out = []
@@ -382,7 +385,7 @@ def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]
             tgt = float(r.get("target", target))
             out.append(
                 (
-                    f"{module.replace('_', ' ').capitalize()} ({what})",
+                    f"{LABELS.get(module, module.replace('_', ' ').capitalize())} ({what})",
                     f"{r['ratio']:.2f}x",
                     f">= {tgt}x",
                     r["ratio"] / tgt,
@@ -445,6 +448,12 @@ server, so every figure includes its CPU cost, and other jobs on the machine mov
         parts.append(gpu_smoke_section(results["lmi-dist-gpu-smoke"]))
     if "gpu-roofline" in results:
         parts.append(roofline_section(results["gpu-roofline"]))
+    else:
+        parts.append(
+            "## GPU roofline (`bench/gpu_roofline.py`)\n\nNot measured yet: it needs a CUDA GPU "
+            "(`python bench/gpu_roofline.py` on a GPU machine writes `bench/results/gpu-roofline.json`; "
+            "on a machine without one it says so and writes nothing).\n"
+        )
     parts.append(
         """## Reproduce
 
@@ -453,6 +462,10 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/streaming_ceiling.py  # any scenario alone (each writes bench/results/<name>.json)
 .venv/bin/python bench/batching.py
 .venv/bin/python bench/cold_start.py
+.venv/bin/python bench/serving_throughput.py
+.venv/bin/python bench/lora.py
+.venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
+.venv/bin/python bench/engines.py            # needs vLLM
 python bench/gpu_smoke.py bench/results/lmi-dist-gpu-smoke.json  # on a GPU machine
 python bench/gpu_roofline.py                 # on a GPU machine
 .venv/bin/python bench/report.py             # re-render this page

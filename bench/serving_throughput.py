@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ def run_levels(url: str, model: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    from lmforge.bench.results import machine, versions
     from lmforge.models.example import write_example_model
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -91,11 +91,9 @@ def main() -> None:
         print(attention.stdout.strip())
     result = {
         "name": "serving-lmi-dist",
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/serving_throughput.py",
+        "machine": machine(),
+        "versions": versions(),
         "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
         "settings": {
             "max_new_tokens": OUTPUT_LEN,

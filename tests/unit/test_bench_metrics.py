@@ -181,7 +181,7 @@ def test_load_refuses_contradictions() -> None:
         (["my-endpoint"], "TARGET is a server URL"),
         (["http://x:1", "--api", "sagemaker"], "endpoint name, not a URL"),
         (["http://x:1", "--concurrency", "1,zero"], "'zero' is not a whole number"),
-        (["http://x:1", "--concurrency", "0"], "must be greater than 0"),
+        (["http://x:1", "--concurrency", "0"], "must be a finite number greater than 0"),
         (["http://x:1", "--concurrency", "4", "--request-rate", "2"], "not both"),
         (["http://x:1", "--max-concurrency", "4"], "only applies with --request-rate"),
         (["http://x:1", "--request-rate", "fast"], "'fast' is not a number"),
@@ -190,6 +190,10 @@ def test_load_refuses_contradictions() -> None:
         (["http://x:1", "--region", "us-east-1"], "only to --api sagemaker"),
         (["http://x:1", "--plot", "out.svg"], "PNG"),
         (["http://x:1", "--tokenizer", "/nonexistent/dir"], "--tokenizer"),
+        (["http://x:1", "--request-rate", "inf"], "finite"),
+        (["http://127.0.0.1:99999"], "not a valid URL"),
+        (["http://"], "names no host"),
+        (["http://[::1"], "not a valid URL"),
     ],
 )
 def test_cli_argument_errors_are_clear(args: list[str], message: str) -> None:

@@ -191,7 +191,11 @@ class HttpTarget:
                 await self._read(content, result, reader)
         except TimeoutError:
             return result.fail(f"no complete answer within {self.timeout:g} s")
-        except (HttpError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        except asyncio.IncompleteReadError:
+            return result.fail(
+                f"the server closed the connection mid-answer, after {result.chunks} streamed chunks"
+            )
+        except (HttpError, OSError, ValueError) as exc:
             return result.fail(f"{type(exc).__name__}: {exc}")
         return result if result.error else reader.finish()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,8 +27,8 @@ def _numbers(text: str, kind: type[int] | type[float], name: str) -> list[Any]:
                 f"{part!r} is not a {'whole ' if kind is int else ''}number (give e.g. 1,16,64)",
                 param_hint=name,
             ) from None
-        if not value > 0:
-            raise click.BadParameter(f"{part!r} must be greater than 0", param_hint=name)
+        if not value > 0 or not math.isfinite(value):
+            raise click.BadParameter(f"{part!r} must be a finite number greater than 0", param_hint=name)
         values.append(value)
     if not values:
         raise click.BadParameter("give at least one value", param_hint=name)
@@ -256,6 +257,13 @@ def _check_target(target: str, api: str, region: str | None, component: str | No
             raise click.BadParameter(
                 "with --api sagemaker, TARGET is an endpoint name, not a URL", param_hint="TARGET"
             )
+        import boto3
+
+        if region is None and boto3.session.Session().region_name is None:
+            raise click.BadParameter(
+                "no AWS region: give --region, or set AWS_REGION / AWS_DEFAULT_REGION",
+                param_hint="--region",
+            )
         return
     if not is_url:
         raise click.BadParameter(
@@ -263,6 +271,17 @@ def _check_target(target: str, api: str, region: str | None, component: str | No
             "(use --api sagemaker for an endpoint name)",
             param_hint="TARGET",
         )
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(target)
+        port = parts.port
+    except ValueError as exc:
+        raise click.BadParameter(f"{target!r} is not a valid URL: {exc}", param_hint="TARGET") from None
+    if not parts.hostname:
+        raise click.BadParameter(f"{target!r} names no host", param_hint="TARGET")
+    if port is not None and not 0 < port < 65536:
+        raise click.BadParameter(f"{target!r}: port {port} is out of range", param_hint="TARGET")
     if region is not None or component is not None:
         raise click.UsageError("--region and --inference-component apply only to --api sagemaker")
 

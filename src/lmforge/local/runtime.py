@@ -88,6 +88,9 @@ class RuntimeServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    # one PayloadPart per token: without TCP_NODELAY, Nagle's algorithm holds small frames back until
+    # the client's (delayed) ACK, and tokens arrive in bursts on reused connections
+    disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"
     server: RuntimeServer
 
