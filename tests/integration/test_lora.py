@@ -44,6 +44,21 @@ def lora_model(
     cfg = json.loads((wrong / "adapter_config.json").read_text())
     cfg["target_modules"] = ["qkv_proj"]
     (wrong / "adapter_config.json").write_text(json.dumps(cfg))
+    for name, change in (
+        ("nan-alpha", {"lora_alpha": float("nan")}),
+        ("layer-subset", {"layers_to_transform": [0]}),
+        ("regex", {"target_modules": r".*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"}),
+    ):
+        shutil.copytree(lora_adapters["a1"], extra / name)
+        data = {**json.loads((extra / name / "adapter_config.json").read_text()), **change}
+        (extra / name / "adapter_config.json").write_text(json.dumps(data))
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(lora_adapters["a1"], extra / "nan-weights")
+    tensors = load_file(str(extra / "nan-weights" / "adapter_model.safetensors"))
+    first = sorted(tensors)[0]
+    tensors[first] = tensors[first].clone().fill_(float("nan"))
+    save_file(tensors, str(extra / "nan-weights" / "adapter_model.safetensors"))
     (extra / "escape").symlink_to(lora_adapters["a1"], target_is_directory=True)  # a link leaving the root
     outside = root / "extra2"  # a sibling whose name starts like the root
     shutil.copytree(lora_adapters["a1"], outside / "a1")
@@ -158,6 +173,9 @@ def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftRe
         ("{extra}/big-rank", "max_lora_rank=16"),
         ("{extra}/wrong-shape", "qkv_proj"),
         ("{extra}/missing", "is not a folder"),
+        ("{extra}/nan-alpha", "lora_alpha"),
+        ("{extra}/nan-weights", "NaN or infinite"),
+        ("{extra}/layer-subset", "layers_to_transform"),
     ],
 )
 def test_bad_sources_are_refused(server: RemoteServer, src: str, needle: str) -> None:
@@ -168,6 +186,24 @@ def test_bad_sources_are_refused(server: RemoteServer, src: str, needle: str) ->
     assert needle in body["message"], body
     assert body["param"] == "src"
     assert "bad" not in [a["name"] for a in httpx.get(server.url + "/adapters").json()["adapters"]]
+
+
+def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: PeftReference) -> None:
+    src = str(server.model_dir.parent / "extra" / "regex")
+    assert httpx.post(server.url + "/adapters", json={"name": "rx", "src": src}).status_code == 200
+    assert generate(server, PROMPTS[2], "body", "rx") == peft.greedy(PROMPTS[2], NEW, "a1")
+    assert httpx.delete(server.url + "/adapters/rx").status_code == 200
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for model, status in (("model", 200), ("a1", 200), ("rx", 404), ("nope", 404)):
+        resp = httpx.post(server.url + "/v1/chat/completions", json={**chat, "model": model}, timeout=60)
+        assert resp.status_code == status, (model, resp.text)
+        if status == 404:
+            assert f"'{model}'" in resp.json()["message"]
+    # pinning every slot would leave requests for other adapters waiting forever
+    assert httpx.put(server.url + "/adapters/a1", json={"pin": True}).status_code == 200  # 1 of 2 slots
+    pin = httpx.put(server.url + "/adapters/a2", json={"pin": True})
+    assert pin.status_code == 400 and "one must stay free" in pin.json()["message"], pin.text
+    assert httpx.put(server.url + "/adapters/a1", json={"pin": False}).status_code == 200
 
 
 def test_bad_requests_name_the_field(server: RemoteServer) -> None:

@@ -76,17 +76,24 @@ def read_config(folder: Path, max_rank: int) -> dict[str, Any]:
     if rank > max_rank:
         raise bad("r", f"is {rank}, more than option.max_lora_rank={max_rank}")
     alpha = data.get("lora_alpha", rank)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < float("inf"):
         raise bad("lora_alpha", f"must be a positive number, got {alpha!r}")
     for field, neutral in (("use_dora", False), ("fan_in_fan_out", False)):
         if data.get(field) not in (None, neutral):
             raise bad(field, f"must be {str(neutral).lower()}: not supported")
     if data.get("bias", "none") not in (None, "none"):
         raise bad("bias", f"is {data.get('bias')!r}; only 'none' is supported")
-    for field in ("modules_to_save", "rank_pattern", "alpha_pattern", "layer_replication"):
+    for field in (
+        "modules_to_save",
+        "rank_pattern",
+        "alpha_pattern",
+        "layer_replication",
+        "layers_to_transform",
+        "layers_pattern",
+    ):
         if data.get(field):
-            raise bad(field, "is set; adapters that replace whole modules or vary rank per layer are not "
-                      "supported")  # fmt: skip
+            raise bad(field, "is set: not supported (whole-module copies, per-layer ranks or alphas, "
+                      "layer subsets and layer replication are refused)")  # fmt: skip
     if not isinstance(data.get("use_rslora", False), bool):
         raise bad("use_rslora", "must be true or false")
     targets = data.get("target_modules")
@@ -94,6 +101,7 @@ def read_config(folder: Path, max_rank: int) -> dict[str, Any]:
         targets = [targets]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
         raise bad("target_modules", f"must be a non-empty list of module names, got {targets!r}")
+    data["target_modules"] = targets  # a string is PEFT's regular-expression form: one pattern
     return data
 
 
@@ -160,7 +168,21 @@ def check_weights(
                 param="src",
             )
         layers.append(LoraShape(module, in_f, out_f))
+    _check_finite(path)
     return layers, path.stat().st_size
+
+
+def _check_finite(path: Path) -> None:
+    """NaN or infinite factors would poison every request batched with the adapter: refuse them."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+            if not bool(torch.isfinite(f.get_tensor(name)).all()):
+                raise AdapterError(
+                    f"{WEIGHTS_FILE}: tensor {name!r} holds NaN or infinite values", param="src"
+                )
 
 
 def scaling_of(config: dict[str, Any]) -> float:

@@ -52,6 +52,16 @@ class DefaultHandler:
             if names:
                 log.info("registered %d adapters from the model folder: %s", len(names), ", ".join(names))
 
+    def _served_names(self) -> set[str]:
+        """Names a chat request's ``model`` may give for the base model (with LoRA on, any other name
+        must be a registered adapter, as in vLLM's server)."""
+        names = {"model", self.engine.model_name}
+        if self.config.model_id:
+            names.add(self.config.model_id)
+        if self.config.model_dir is not None:
+            names.add(self.config.model_dir.name)
+        return names
+
     def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
         """The adapter a request asks for: header (SageMaker), body (``adapters``) or ``?adapter=``."""
         wanted = {
@@ -66,7 +76,7 @@ class DefaultHandler:
         if (
             req.chat
             and "model" in wanted
-            and (self.adapters is None or self.adapters.find(wanted["model"]) is None)
+            and (self.adapters is None or wanted["model"] in self._served_names())
         ):
             del wanted["model"]  # the OpenAI model field names the served model, not an adapter
         if not wanted:

@@ -220,6 +220,8 @@ def install(backend_cls: Any, response_cls: Any, action_result: Any, validation_
         spec = self._get_param("Specification")
         runtime = self._get_param("RuntimeConfig")
         if spec and (spec.get("BaseInferenceComponentName") or component.base_name):
+            if component.base_name and "BaseInferenceComponentName" not in spec:
+                spec = {**spec, "BaseInferenceComponentName": component.base_name}  # unchanged when left out
             if spec.get("BaseInferenceComponentName") != component.base_name:
                 raise validation_error(
                     f"Cannot change BaseInferenceComponentName of inference component {component.name} "

@@ -244,10 +244,10 @@ class LoraRuntime:
                 f"adapter {adapter.name!r} targets unknown layers {missing[:5]}", param="src"
             )
         if pin:
-            if len(self._pinned) >= self.max_loras:
+            if len(self._pinned) + 1 >= self.max_loras:  # one slot stays free, or other adapters wait forever
                 raise BadRequestError(
-                    f"cannot pin adapter {adapter.name!r}: all option.max_loras={self.max_loras} slots "
-                    "are pinned",
+                    f"cannot pin adapter {adapter.name!r}: {len(self._pinned)} of option.max_loras="
+                    f"{self.max_loras} slots are pinned and one must stay free for other adapters",
                     param="pin",
                 )
             self._pinned.add(adapter.int_id)
