@@ -42,13 +42,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NAME = "cold-start"
-ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-VLLM_ENV = {
-    "VLLM_HOST_IP": "127.0.0.1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+sys.path.insert(0, str(ROOT))
+from tests.utils import TEST_ENV as ENV  # noqa: E402
+from tests.utils import VLLM_ENV  # noqa: E402
+
 #: the same vLLM-CPU settings as tests/integration/test_vllm.py
 VLLM_PROPERTIES = """\
 option.rolling_batch=vllm

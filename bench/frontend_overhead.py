@@ -33,14 +33,8 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 NAME = "frontend-overhead-vllm"
 
-from tests.utils import TEST_ENV, RemoteServer, free_port  # noqa: E402
+from tests.utils import TEST_ENV, VLLM_ENV, RemoteServer, free_port  # noqa: E402
 
-VLLM_ENV = {
-    "VLLM_HOST_IP": "127.0.0.1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 MAX_SEQS = 64
 KV_CACHE_MB = 256
 MAX_MODEL_LEN = 1024

@@ -16,6 +16,13 @@ import httpx
 
 # torch on 2 busy cores collapses 5-20x with its default thread count: tests use one thread.
 TEST_ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# vLLM-CPU on a machine with no hub and only loopback: no network lookups, no usage reports.
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 def free_port() -> int:

@@ -21,17 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.utils import RemoteServer, metrics, stream_lines
+from tests.utils import VLLM_ENV, RemoteServer, metrics, stream_lines
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
-VLLM_ENV = {
-    "VLLM_HOST_IP": "127.0.0.1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
 MAX_TOKENS = 24
 PROPERTIES = """\

@@ -28,17 +28,11 @@ import httpx
 import pytest
 
 from tests.lora_utils import PeftReference
-from tests.utils import RemoteServer, metrics
+from tests.utils import VLLM_ENV, RemoteServer, metrics
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
-VLLM_ENV = {
-    "VLLM_HOST_IP": "127.0.0.1",
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
 NEW = 12
 RAW_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # base, a1, base
