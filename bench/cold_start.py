@@ -44,18 +44,7 @@ RESULTS = ROOT / "bench" / "results"
 NAME = "cold-start"
 sys.path.insert(0, str(ROOT))
 from tests.utils import TEST_ENV as ENV  # noqa: E402
-from tests.utils import VLLM_ENV  # noqa: E402
-
-#: the same vLLM-CPU settings as tests/integration/test_vllm.py
-VLLM_PROPERTIES = """\
-option.rolling_batch=vllm
-option.dtype=fp32
-option.max_model_len=1024
-option.max_rolling_batch_size=32
-option.enforce_eager=true
-option.kv_cache_memory_mb=256
-option.enable_prefix_caching=false
-"""
+from tests.utils import VLLM_ENV, VLLM_PROPERTIES  # noqa: E402
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _PHASES = re.compile(r"lmi-dist startup phases \(s\): (.*)$")

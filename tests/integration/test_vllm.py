@@ -21,22 +21,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.utils import VLLM_ENV, RemoteServer, metrics, stream_lines
+from tests.utils import VLLM_ENV, VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
 MAX_TOKENS = 24
-PROPERTIES = """\
-option.rolling_batch=vllm
-option.dtype=fp32
-option.max_model_len=1024
-option.max_rolling_batch_size=32
-option.enforce_eager=true
-option.kv_cache_memory_mb=256
-option.enable_prefix_caching=false
-"""
+PROPERTIES = VLLM_PROPERTIES
 
 
 def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
