@@ -9,7 +9,7 @@ VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda ||
 EXTRAS  ?= server,lmi-dist,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-unit test-integration test-vllm lint fmt demo bench clean
+.PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,8 +22,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`)
 test: install
 	$(BIN)/python -m pytest -q
+
+# the inner loop: no vLLM engine, no load tests, no image builds
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not vllm and not load and not image"
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
@@ -33,6 +38,13 @@ test-integration: install
 
 test-vllm: install
 	$(BIN)/python -m pytest -q -m vllm
+
+test-image: install host-setup
+	$(BIN)/python -m pytest -q -m image
+
+# podman (or docker), mmdebstrap and a registry server: apt as root on Debian/Ubuntu, else a hint
+host-setup:
+	@bash containers/host-setup.sh
 
 lint: install
 	$(BIN)/ruff check src tests examples bench
@@ -45,6 +57,10 @@ fmt: install
 
 demo: install
 	@PY=$(BIN)/python DEMO_DIR=$(DEMO_DIR) bash examples/demo.sh
+
+# lmforge's own cpu image: build -> local ECR -> SageMaker SDK deploy -> boto3 stream -> delete
+demo-image: install host-setup
+	@PY=$(BIN)/python bash examples/demo_image.sh
 
 bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/serving_throughput.py
@@ -59,5 +75,10 @@ bench: install
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
 	$(BIN)/python bench/report.py
 
+# image sizes, cold and incremental build times, container vs host-process start (bench/results/images.json)
+bench-images: install host-setup
+	$(BIN)/python bench/images.py
+	$(BIN)/python bench/report.py
+
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_DIR) .demo-image .pytest_cache .mypy_cache .ruff_cache

@@ -26,6 +26,7 @@ EXTERNAL = (
     ("frontend_overhead", "frontend-overhead-vllm", 0.98, "lmforge / `vllm serve` output tok/s, lowest"),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
+    ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 
 

@@ -29,8 +29,10 @@ $LMFORGE plan "$DEMO_DIR/model" --instance-type "$INSTANCE_TYPE"
 step "3/6 Packaging (deterministic model.tar.gz with a sha256 manifest)"
 $LMFORGE package "$DEMO_DIR/model" -o "$DEMO_DIR/model.tar.gz"
 
-step "4/6 Starting the local SageMaker (moto control plane + S3, lmforge runtime)"
-$LMFORGE local up
+step "4/6 Starting the local SageMaker (moto control plane + S3, lmforge runtime) in process mode"
+# process mode: lmforge's server runs as a host process, standing in for lmforge's image (seconds, no
+# container engine needed); `make demo-image` builds the image and runs that instead
+$LMFORGE local up --mode process
 eval "$($LMFORGE local up --print-env)"
 trap teardown EXIT
 echo "boto3 now talks to AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL (runtime: $AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME)"

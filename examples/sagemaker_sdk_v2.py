@@ -11,7 +11,7 @@ It runs against real AWS, or against the local SageMaker with no code change::
     eval "$(lmforge local up --print-env)"
     python examples/sagemaker_sdk_v2.py MODEL_DIR --endpoint-name sdk-llm --instance-type ml.g5.2xlarge
 
-lmforge is used only to validate and pack the folder and to pick the default image.
+lmforge is used only to validate and pack the folder and to name the default image.
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         "--role", default=os.environ.get("LMFORGE_ROLE_ARN"), help="[default: $LMFORGE_ROLE_ARN]"
     )
     parser.add_argument("--bucket", help="[default: sagemaker-REGION-ACCOUNT]")
-    parser.add_argument("--image-uri", help="[default: the LMI image lmforge picks]")
+    parser.add_argument(
+        "--image-uri",
+        help="[default: lmforge's image for the backend in the account's ECR, as lmforge deploy picks]",
+    )
     parser.add_argument("--prompt", default="def fibonacci(n):")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--keep", action="store_true", help="Leave the endpoint running.")
@@ -53,17 +56,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from lmforge.artifacts import package_model
     from lmforge.config import load_config
-    from lmforge.deploy.images import default_image_uri
+    from lmforge.deploy.images import choose_image
     from lmforge.deploy.upload import ensure_bucket
 
     boto_session = boto3.Session()
     region = boto_session.region_name
     if not region:
         parser.error("no AWS region: set AWS_DEFAULT_REGION")
-    bucket = args.bucket
-    if bucket is None:
-        account = boto_session.client("sts").get_caller_identity()["Account"]
-        bucket = f"sagemaker-{region}-{account}"
+    account = boto_session.client("sts").get_caller_identity()["Account"]
+    bucket = args.bucket or f"sagemaker-{region}-{account}"
     ensure_bucket(boto_session.client("s3"), bucket, region)
     # An explicit default_bucket: the SDK would otherwise ask STS at a hard-coded regional URL.
     session = sagemaker.Session(boto_session=boto_session, default_bucket=bucket)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"uploaded {model_data}", file=sys.stderr)
 
     model = sagemaker.Model(
-        image_uri=args.image_uri or default_image_uri(config, region),
+        image_uri=choose_image(args.image_uri, config, args.instance_type, region, account).uri,
         model_data=model_data,
         role=args.role,
         sagemaker_session=session,

@@ -54,6 +54,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     base.update(TEST_ENV)
     base["AWS_DEFAULT_REGION"] = REGION
+    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
     up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
     exports = {}
     for line in up.stdout.splitlines():

@@ -62,6 +62,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     base.update(TEST_ENV)
     base["AWS_DEFAULT_REGION"] = REGION
+    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
     up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
     env = {**base, **_parse_exports(up.stdout)}
     assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
@@ -577,6 +578,7 @@ def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     base.update(TEST_ENV)
     base["AWS_DEFAULT_REGION"] = REGION
+    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
     state = tmp_path / "state"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -1,5 +1,6 @@
-"""Container flavours without a Docker engine: rendered files equal the templates, every Dockerfile
-follows the rules, the entrypoint's pieces, the docker/ECR plumbing (against a fake docker client)."""
+"""Container flavours without a container engine: rendered files equal the templates, every Dockerfile
+follows the rules, the entrypoint's pieces, the engine/ECR plumbing (against fake podman and docker
+clients, named as such), the pip settings handed to a build."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.container import docker
+from lmforge.container import engine as engines
 from lmforge.container.entrypoint import apply_default_properties, install_requirements
 from lmforge.container.flavours import FLAVOURS, FlavourError, image_name, load_flavour
 from lmforge.container.render import render_flavour, stale_files
@@ -63,30 +64,41 @@ def _instructions(text: str) -> list[tuple[str, str]]:
 def test_dockerfile_rules(name: str) -> None:
     text = (ROOT / "containers" / name / "Dockerfile").read_text()
     steps = _instructions(text)
-    froms = [args for word, args in steps if word == "FROM"]
-    assert len([f for f in froms if " AS " in f.upper()]) >= 2, "multi-stage build"
-    for image in (f.split()[0] for f in froms):
-        assert re.search(r":[\w.-]+$", image) or "@sha256:" in image, f"unpinned base {image}"
-        assert not image.endswith(":latest"), image
+    args = [a for w, a in steps if w == "ARG"]
+    base_arg = [a for a in args if a.startswith("BASE_IMAGE=")]
+    assert base_arg, "every Dockerfile takes ARG BASE_IMAGE"
+    default_base = base_arg[0].split("=", 1)[1]
+    assert re.search(r"@sha256:[0-9a-f]{64}$", default_base), f"base not pinned by digest: {default_base}"
+    assert default_base == load_flavour(name, ROOT).base_image
+    froms = [a for word, a in steps if word == "FROM"]
+    stages = [f.split()[-1] for f in froms if " AS " in f.upper()]
+    assert len(stages) >= 3, "multi-stage build"
+    for source in (f.split()[0] for f in froms):
+        assert source == "${BASE_IMAGE}" or source in stages, f"FROM {source}: only the base or a stage"
     final = steps[max(i for i, (w, _) in enumerate(steps) if w == "FROM") :]
     users = [args for word, args in final if word == "USER"]
     assert users and users[-1] not in ("root", "0", "0:0"), "the final stage must run as a non-root user"
     assert any(word == "HEALTHCHECK" for word, _ in final)
-    assert not [a for w, a in steps if w == "ADD" and re.search(r"https?://", a)], "no ADD of URLs"
-    for word, args in steps:
+    assert not [a for w, a in steps if w == "ADD"], "no ADD"
+    for word, value in steps:
         if word in ("ENV", "ARG"):
-            assert not re.search(r"(TOKEN|SECRET|PASSWORD|ACCESS_KEY)\w*=", args), f"secret in {word} {args}"
+            assert not re.search(r"(TOKEN|SECRET|PASSWORD|ACCESS_KEY)\w*=", value), (
+                f"secret in {word} {value}"
+            )
+    runs = " ".join(a for w, a in steps if w == "RUN")
+    assert not re.search(r"https?://|--index-url|--extra-index-url|--find-links|--trusted-host", runs), (
+        "no package index in a Dockerfile: pip's settings arrive as the pipconf build secret"
+    )
+    for step in (a for w, a in steps if w == "RUN" and "pip install" in a and "--no-index" not in a):
+        assert "--mount=type=secret,id=pipconf" in step and "--mount=type=secret,id=pipca" in step, step
     entry = [args for word, args in final if word == "ENTRYPOINT"]
     assert entry and json.loads(entry[-1]) == ["/usr/local/bin/lmforge-entrypoint"], "exec-form entrypoint"
     assert ("EXPOSE", "8080") in final
     assert any("accept-bind-to-port=true" in a for w, a in final if w == "LABEL")
     assert ("STOPSIGNAL", "SIGTERM") in final
-    runs = " ".join(a for w, a in steps if w == "RUN")
     for spec in re.findall(r'"([A-Za-z0-9_.\-]+(?:==|>=|<=|~=)?[^"\s]*)"', runs):
         if not spec.startswith("/src["):
             assert "==" in spec, f"unpinned package {spec}"
-    flavour = load_flavour(name, ROOT)
-    assert flavour.base_image in froms[1]
 
 
 @pytest.mark.parametrize("name", FLAVOURS)
@@ -134,7 +146,7 @@ def test_requirements_are_skipped_offline_or_when_not_allowed(
 
 
 def test_image_names_and_flavour_choice() -> None:
-    from lmforge.cli.container_cmd import flavour_for
+    from lmforge.deploy.images import flavour_for
 
     assert image_name("vllm") == "lmforge/vllm:" + image_name("vllm").rsplit(":", 1)[1]
     assert image_name("cpu", "1.dkr.ecr.us-east-1.amazonaws.com/team/").startswith(
@@ -142,19 +154,22 @@ def test_image_names_and_flavour_choice() -> None:
     )
     assert flavour_for("auto", "ml.g5.2xlarge") == "vllm"
     assert flavour_for("lmi-dist", "ml.m5.xlarge") == "cpu"
+    assert flavour_for("vllm", "ml.c5.2xlarge") == "vllm-cpu"
     assert flavour_for("trtllm", None) == "tensorrt-llm"
     assert flavour_for("vllm", "ml.not-a-type") == "vllm"
 
 
-def _fake_docker(tmp_path: Path, info_ok: bool) -> Path:
-    """A docker client stand-in (named as such): logs argv and stdin; `info` fails without an engine."""
-    log = tmp_path / "docker.log"
-    script = tmp_path / "bin" / "docker"
-    script.parent.mkdir()
-    info = "echo 27.0.1" if info_ok else 'echo "Cannot connect to the Docker daemon" >&2; exit 1'
+def _fake_engine(tmp_path: Path, name: str, info_ok: bool, buildx: bool = False) -> Path:
+    """A podman/docker client stand-in (named as such): logs argv and stdin; `info` fails without an
+    engine; `buildx version` answers only when ``buildx``."""
+    log = tmp_path / f"{name}.log"
+    script = tmp_path / "bin" / name
+    script.parent.mkdir(exist_ok=True)
+    info = 'echo "{}"' if info_ok else 'echo "Cannot connect to the engine" >&2; exit 1'
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = info ]; then {info}; exit 0; fi\n'
+        f'if [ "$1" = buildx ]; then exit {0 if buildx else 1}; fi\n'
         f'echo "ARGV $*" >> {shlex.quote(str(log))}\n'
         f'if [ "$1" = login ]; then echo "STDIN $(cat)" >> {shlex.quote(str(log))}; fi\n'
     )
@@ -162,35 +177,145 @@ def _fake_docker(tmp_path: Path, info_ok: bool) -> Path:
     return log
 
 
-def test_docker_without_an_engine_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_docker(tmp_path, info_ok=False)
+def test_engine_detection_prefers_podman_and_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(engines.ENV_ENGINE, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    with pytest.raises(engines.EngineError, match="podman: not installed; docker: not installed"):
+        engines.detect()
+    _fake_engine(tmp_path, "docker", info_ok=False)
+    with pytest.raises(engines.EngineError, match="is the Docker daemon running"):
+        engines.detect()
+    _fake_engine(tmp_path, "podman", info_ok=True)
+    assert engines.detect().kind == "podman"
+    _fake_engine(tmp_path, "docker", info_ok=True, buildx=True)
+    found = engines.detect("docker")
+    assert (found.kind, found.buildx) == ("docker", True)
+    monkeypatch.setenv(engines.ENV_ENGINE, "docker")
+    assert engines.detect().kind == "docker"
+    with pytest.raises(engines.EngineError, match="unknown container engine"):
+        engines.detect("containerd")
+
+
+def test_build_commands_for_each_engine(tmp_path: Path) -> None:
+    secret = engines.Secret("pipconf", tmp_path / "pip.conf")
+    req = engines.BuildRequest(
+        context=tmp_path,
+        dockerfile=tmp_path / "Dockerfile",
+        tag="lmforge/cpu:x",
+        build_args={"BASE_IMAGE": "localhost/base:1"},
+        secrets=[secret],
+        network_host=True,
+    )
+    podman, env = engines.ContainerEngine("podman", "/x/podman").build_command(req)
+    assert podman[:3] == ["build", "--format", "docker"] and env == {}  # OCI format drops HEALTHCHECK
+    assert f"id=pipconf,src={secret.path}" in podman and podman[-1] == str(tmp_path)
+    assert podman[podman.index("--network") : podman.index("--network") + 2] == ["--network", "host"]
+    buildx, _ = engines.ContainerEngine("docker", "/x/docker", buildx=True).build_command(req)
+    assert buildx[:3] == ["buildx", "build", "--load"] and "network.host" in buildx
+    classic, env = engines.ContainerEngine("docker", "/x/docker").build_command(req)
+    assert classic[0] == "build" and env == {"DOCKER_BUILDKIT": "1"}  # RUN --mount needs BuildKit
+    assert "--build-arg" in classic and "BASE_IMAGE=localhost/base:1" in classic
+
+
+def test_ulimits_stay_under_this_process_hard_limits() -> None:
+    import resource
+
+    flags = engines.ulimit_args()
+    nofile = int(flags[flags.index("--ulimit") + 1].split("=")[1].split(":")[0])
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    assert nofile <= (hard if hard != resource.RLIM_INFINITY else 65536)
+
+
+def test_ecr_push_logs_in_where_ecr_says_with_the_password_on_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmforge.container.publish import EcrRepository, push_to_ecr
+
+    log = _fake_engine(tmp_path, "podman", info_ok=True)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    with pytest.raises(docker.DockerError, match="no Docker engine is running"):
-        docker.check_engine()
-    monkeypatch.setattr(shutil, "which", lambda _name: None)
-    with pytest.raises(docker.DockerError, match="not installed"):
-        docker.check_engine()
+    podman = engines.detect("podman")
 
+    class FakeEcr:  # boto3's ecr client at the AWS boundary (named as such)
+        class exceptions:
+            class RepositoryNotFoundError(Exception):
+                pass
 
-def test_build_and_ecr_push_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    log = _fake_docker(tmp_path, info_ok=True)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    binary = docker.check_engine()
-    cmd = docker.build_command(binary, ROOT, "cpu", "lmforge/cpu:x", "linux/amd64", push=False)
-    assert cmd[1:4] == ["buildx", "build", "--file"] and cmd[-1] == str(ROOT) and "--load" in cmd
+            RepositoryNotFoundException = RepositoryNotFoundError
+            ImageNotFoundException = RepositoryNotFoundError
 
-    class FakeEcr:  # boto3's ecr client at the AWS boundary
-        def get_authorization_token(self) -> dict[str, object]:
+        created: list[str] = []  # noqa: RUF012
+
+        def describe_repositories(self, **kw: object) -> dict[str, object]:
+            if not self.created:
+                raise self.exceptions.RepositoryNotFoundException()
+            return {}
+
+        def create_repository(self, repositoryName: str, **kw: object) -> None:
+            self.created.append(repositoryName)
+
+        def get_authorization_token(self, **kw: object) -> dict[str, object]:
             token = base64.b64encode(b"AWS:s3cret-token").decode()
-            return {"authorizationData": [{"authorizationToken": token}]}
+            return {
+                "authorizationData": [{"authorizationToken": token, "proxyEndpoint": "http://127.0.0.1:5999"}]
+            }
+
+        def describe_images(self, **kw: object) -> dict[str, object]:
+            return {"imageDetails": [{"imageTags": ["1.0"]}]}
 
     notes: list[str] = []
-    docker.ecr_login(
-        binary, "123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge", notes.append, ecr=FakeEcr()
-    )
+    repo = EcrRepository("123456789012.dkr.ecr.us-west-2.amazonaws.com", "lmforge-cpu")
+    uri = push_to_ecr(podman, FakeEcr(), "lmforge/cpu:1.0", repo, "1.0", notes.append)
+    assert uri == "123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge-cpu:1.0"
+    assert FakeEcr.created == ["lmforge-cpu"]
     lines = log.read_text().splitlines()
-    assert (
-        lines[0] == "ARGV login --username AWS --password-stdin 123456789012.dkr.ecr.us-west-2.amazonaws.com"
-    )
-    assert lines[1] == "STDIN s3cret-token"  # the password goes through stdin, never argv
+    login = next(i for i, line in enumerate(lines) if line.startswith("ARGV login"))
+    assert lines[login] == "ARGV login --tls-verify=false --username AWS --password-stdin 127.0.0.1:5999"
+    assert lines[login + 1] == "STDIN s3cret-token"  # the password goes through stdin, never argv
+    assert "ARGV tag lmforge/cpu:1.0 127.0.0.1:5999/lmforge-cpu:1.0" in lines
+    assert "ARGV push --tls-verify=false 127.0.0.1:5999/lmforge-cpu:1.0" in lines
     assert not any("s3cret" in n for n in notes)
+
+
+def test_pip_settings_become_build_secrets_and_local_folders_are_served(tmp_path: Path) -> None:
+    import urllib.parse
+    import urllib.request
+
+    from lmforge.container.pipsettings import SECRET_MARKER, BuildPipInputs, PipSettings
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "pkg-1.0+cpu-py3-none-any.whl").write_bytes(b"wheel")
+    index = tmp_path / "pypi" / "simple" / "pkg"
+    index.mkdir(parents=True)
+    (index / "index.html").write_text('<a href="../../files/pkg-1.0.whl">pkg-1.0.whl</a>')
+    (tmp_path / "pypi" / "files").mkdir()
+    (tmp_path / "pypi" / "files" / "pkg-1.0.whl").write_bytes(b"indexed")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    settings = PipSettings(
+        extra_index_urls=[f"file://{tmp_path / 'pypi' / 'simple'}", "https://mirror.example/simple"],
+        find_links=[str(wheels)],
+        cert=str(ca),
+        trusted_hosts=["mirror.example"],
+    )
+    with BuildPipInputs(settings) as inputs:
+        assert inputs.network_host
+        secrets = {s.id: s.path for s in inputs.secrets}
+        conf = secrets["pipconf"].read_text()
+        assert SECRET_MARKER in conf and SECRET_MARKER in secrets["pipca"].read_text()
+        assert oct(secrets["pipconf"].stat().st_mode)[-3:] == "600"
+        lines = dict(line.split(" = ", 1) for line in conf.splitlines() if " = " in line)
+        assert "https://mirror.example/simple" in lines["extra-index-url"]
+        assert lines["trusted-host"] == "mirror.example"
+        served_index = next(u for u in lines["extra-index-url"].split() if u.startswith("http://127.0.0.1"))
+        page = urllib.request.urlopen(served_index + "pkg/").read().decode()
+        link = page.split('href="')[1].split('"')[0]
+        target = urllib.parse.urljoin(served_index + "pkg/", link)  # as pip resolves ../../files/...
+        assert urllib.request.urlopen(target).read() == b"indexed"
+        listing = urllib.request.urlopen(lines["find-links"]).read().decode()
+        assert "pkg-1.0%2Bcpu-py3-none-any.whl" in listing
+        with pytest.raises(urllib.error.HTTPError):  # nothing outside the served folders
+            urllib.request.urlopen(served_index.rsplit("/", 2)[0] + "/../../../etc/passwd")
+    assert not secrets["pipconf"].exists(), "the secrets are removed after the build"

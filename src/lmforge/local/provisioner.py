@@ -26,7 +26,6 @@ import logging
 import os
 import random
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -38,8 +37,9 @@ from typing import Any
 
 from lmforge.adapters.sources import PLATFORM_ADAPTER_ROOTS_ENV
 from lmforge.local import moto_ext
-from lmforge.local.containers import Container, container_env, free_port, new_folder, reap_orphans
+from lmforge.local.containers import Container, ImageContainer, free_port, new_folder, reap_orphans
 from lmforge.local.model_data import ModelDataError, fetch_model_data, s3_client
+from lmforge.local.runners import ImageUnavailable, InstanceRunner
 
 log = logging.getLogger("lmforge.local")
 
@@ -116,12 +116,12 @@ class Provisioner:
         state_dir: Path,
         s3_endpoint_url: str,
         *,
-        python: str = sys.executable,
+        runner: InstanceRunner | None = None,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.s3_endpoint_url = s3_endpoint_url
-        self.python = python
+        self.runner = runner or InstanceRunner("process", None, state_dir=state_dir, account="123456789012")
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._lock = threading.Lock()
         self._deployments: dict[tuple[str, str, str], Deployment] = {}
@@ -134,7 +134,7 @@ class Provisioner:
 
     def start(self) -> None:
         """Clean up after an earlier run that crashed, then supervise containers."""
-        reap_orphans(self.state_dir)
+        reap_orphans(self.state_dir, self.runner.any_engine)
         shutil.rmtree(self.state_dir / "adapters", ignore_errors=True)  # their base containers are gone
         self._run(self._watch, "container-watchdog")
 
@@ -400,7 +400,13 @@ class Provisioner:
         label = variant["VariantName"]
         try:
             spec = self._model_container(backend, variant["ModelName"])
-            started[label] = self._launch(endpoint_name, label, spec, variant)
+            started[label] = self._launch(
+                endpoint_name,
+                label,
+                spec,
+                variant,
+                memory_gib=_instance_memory_gib(variant.get("InstanceType")),
+            )
         except ProvisionError as exc:
             errors.append(str(exc))
         except Exception as exc:
@@ -426,6 +432,8 @@ class Provisioner:
             if extra.get("ArtifactUrl"):
                 container_spec["ModelDataUrl"] = extra["ArtifactUrl"]
                 container_spec.pop("ModelDataSource", None)
+            if extra.get("Image"):
+                container_spec["Image"] = extra["Image"]
             container_spec["Environment"] = {
                 **(container_spec.get("Environment") or {}),
                 **(extra.get("Environment") or {}),
@@ -436,6 +444,7 @@ class Provisioner:
                 container_spec,
                 spec.get("StartupParameters") or {},
                 adapter_root=self._adapter_root(*key),
+                memory_gib=_component_memory_gib(spec),
             )
             # a new container for a base component: its adapter components move to it before it serves
             self._register_all(key, container)
@@ -480,14 +489,29 @@ class Provisioner:
         spec: Mapping[str, Any],
         timeouts: Mapping[str, Any],
         adapter_root: Path | None = None,
+        memory_gib: float | None = None,
     ) -> Container:
-        """Fetch the model data, start ``lmforge serve`` and wait for ``/ping``; ProvisionError otherwise.
-        ``adapter_root``: a folder the container may register adapters from (``LMFORGE_ADAPTER_ROOTS``)."""
+        """Fetch the image and the model data, start the instance and wait for ``/ping``;
+        ProvisionError otherwise. ``adapter_root``: a folder the container may register adapters
+        from (``LMFORGE_ADAPTER_ROOTS``; mounted read-only at the same path in an image)."""
+        download_s = float(timeouts.get("ModelDataDownloadTimeoutInSeconds") or DEFAULT_DOWNLOAD_TIMEOUT_S)
+        image = str(spec.get("Image") or "")
+        try:
+            plan = self.runner.plan(image, timeout_s=download_s)
+        except ImageUnavailable as exc:
+            raise ProvisionError(str(exc)) from None
         folder = new_folder(self.state_dir, endpoint_name, label)
         port = free_port()
-        env = container_env(self.base_env, spec.get("Environment") or {}, port, self.s3_endpoint_url)
-        container = Container(label, folder, port, env, python=self.python)
-        download_s = float(timeouts.get("ModelDataDownloadTimeoutInSeconds") or DEFAULT_DOWNLOAD_TIMEOUT_S)
+        container = self.runner.create(
+            plan,
+            label=label,
+            folder=folder,
+            port=port,
+            model_env=spec.get("Environment") or {},
+            s3_url=self.s3_endpoint_url,
+            base_env=self.base_env,
+            memory_gib=memory_gib,
+        )
         try:
             fetch_model_data(
                 spec, container.model_dir, s3=s3_client(self.s3_endpoint_url), timeout_s=download_s
@@ -500,7 +524,9 @@ class Provisioner:
             raise ProvisionError("the local SageMaker is stopping")
         if adapter_root is not None:
             adapter_root.mkdir(parents=True, exist_ok=True)
-            allow_adapter_root(env, adapter_root)
+            allow_adapter_root(container.env, adapter_root)
+            if isinstance(container, ImageContainer):
+                container.mounts.append(adapter_root)
         container.start()
         health_s = float(
             timeouts.get("ContainerStartupHealthCheckTimeoutInSeconds") or DEFAULT_HEALTH_CHECK_TIMEOUT_S
@@ -718,3 +744,22 @@ def _check_answer(status: int, answer: dict[str, Any], base: str, name: str) -> 
             f"The container of base inference component {base} refused adapter {name} "
             f"(status {status}): {answer.get('message') or answer}"
         )
+
+
+def _instance_memory_gib(instance_type: object) -> float | None:
+    """The host memory of a SageMaker instance type (None when lmforge's table lacks it)."""
+    from lmforge.deploy.instances import get_instance
+
+    try:
+        return float(get_instance(str(instance_type)).host_memory_gib)
+    except (ValueError, KeyError):
+        return None
+
+
+def _component_memory_gib(spec: Mapping[str, Any]) -> float | None:
+    """An inference component's ``ComputeResourceRequirements.MinMemoryRequiredInMb`` in GiB."""
+    needs = spec.get("ComputeResourceRequirements") or {}
+    try:
+        return float(needs["MinMemoryRequiredInMb"]) / 1024
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,8 +1,13 @@
-"""The local SageMaker process: moto (control plane, S3, IAM, STS, ...) and the runtime, on loopback.
+"""The local SageMaker process: moto (control plane, S3, ECR, IAM, STS, ...), a real OCI registry
+behind the local ECR, and the runtime, on loopback.
 
 Run by ``lmforge local up`` as ``python -m lmforge.local.server --state-dir DIR``; it writes
-``DIR/state.json`` (pid and URLs) once both servers accept connections, and on SIGTERM/SIGINT stops
-every endpoint's container, then itself.
+``DIR/state.json`` (pid, URLs, how instances run) once every server accepts connections, and on
+SIGTERM/SIGINT stops every endpoint's container, the registry, then itself.
+
+``--mode`` says how endpoint instances run (:mod:`lmforge.local.runners`): ``image`` (the Model's
+image, with podman or docker), ``process`` (lmforge's server as a host process), or ``auto``
+(``image`` when an engine answers, else ``process``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from typing import Any
 
 from lmforge.local import moto_ext
 from lmforge.local.provisioner import Provisioner
+from lmforge.local.runners import MODES, InstanceRunner
 from lmforge.local.runtime import RuntimeServer
+
+log = logging.getLogger("lmforge.local")
 
 STATE_FILE = "state.json"
 ACCOUNT_ID = "123456789012"  # moto's default account
@@ -37,17 +45,36 @@ class LocalSageMaker:
     runtime_port: int = 0
     invocation_timeout_s: float = 60.0
     stream_timeout_s: float = 600.0
+    mode: str = "auto"
+    engine: str | None = None
 
     def start(self) -> None:
         from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
+        from lmforge.container.engine import available
+        from lmforge.local import ecr
+        from lmforge.local.registry import LocalRegistry, RegistryError
+
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.registry: LocalRegistry | None = LocalRegistry(self.state_dir, self.host)
+        problem = None
+        try:
+            self.registry.start()
+        except RegistryError as exc:
+            log.warning("the local ECR has no registry (pushes and image pulls will fail): %s", exc)
+            self.registry, problem = None, str(exc)
+        ecr.install(self.registry, unavailable_reason=problem)
         self._moto = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
         self._moto.start()
         host, port = self._moto.get_host_and_port()
         self.control_url = f"http://{host}:{port}"
-        self.provisioner = Provisioner(self.state_dir, self.control_url)
+        engine = available(self.engine)
+        self.runner = InstanceRunner(
+            self.mode, engine, state_dir=self.state_dir, account=ACCOUNT_ID, registry=self.registry
+        )
+        log.info("endpoint instances run in %s mode: %s", self.runner.mode, self.runner.describe())
+        self.provisioner = Provisioner(self.state_dir, self.control_url, runner=self.runner)
         self.provisioner.start()
         moto_ext.install(self.provisioner)
         self._runtime = RuntimeServer(
@@ -64,6 +91,8 @@ class LocalSageMaker:
         self._runtime.shutdown()
         self._runtime.server_close()
         self._moto.stop()
+        if self.registry is not None:
+            self.registry.stop()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -74,6 +103,9 @@ class LocalSageMaker:
             "role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{ROLE_NAME}",
             "state_dir": str(self.state_dir),
             "started_at": time.time(),
+            "mode": self.runner.mode,
+            "engine": self.runner.engine.kind if self.runner.engine is not None else None,
+            "registry_url": self.registry.url if self.registry is not None else None,
         }
 
 
@@ -85,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime-port", type=int, default=0, help="sagemaker-runtime")
     parser.add_argument("--invocation-timeout", type=float, default=60.0)
     parser.add_argument("--stream-timeout", type=float, default=600.0)
+    parser.add_argument("--mode", choices=MODES, default="auto", help="how endpoint instances run")
+    parser.add_argument("--engine", choices=("auto", "podman", "docker"), default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag, port in (("--port", args.port), ("--runtime-port", args.runtime_port)):
@@ -105,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         args.runtime_port,
         args.invocation_timeout,
         args.stream_timeout,
+        args.mode,
+        args.engine,
     )
-    local.start()
+    try:
+        local.start()
+    except Exception as exc:  # e.g. --mode image without an engine: say so in the log `up` reads
+        log.error("the local SageMaker could not start: %s", exc)
+        return 3
     state_path = local.state_dir / STATE_FILE
     tmp = state_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(local.state(), indent=2) + "\n")

@@ -1,0 +1,302 @@
+"""The container engine that builds, pushes and runs lmforge's images: podman or docker.
+
+``detect()`` picks one: ``--engine`` / ``$LMFORGE_CONTAINER_ENGINE`` when given, else podman when it
+answers (daemonless, so it works wherever its binary does), else docker when its daemon answers.
+Everything goes through the engine's command line; nothing here imports a client library.
+
+Both speak the same build language: multi-stage Dockerfiles with ``RUN --mount`` (secrets, bind
+mounts from a stage). docker needs BuildKit for that: ``docker buildx build`` when the buildx plugin
+is there, else ``docker build`` with ``DOCKER_BUILDKIT=1`` (the daemon's own BuildKit). podman
+builds with ``--format docker`` because the OCI image format has no HEALTHCHECK.
+
+Containers started here get explicit ``--ulimit nofile``/``nproc`` values at or under this process's
+hard limits: both engines otherwise raise them, which fails where the engine lacks
+CAP_SYS_RESOURCE (rootless, or a sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Echo = Callable[[str], None]
+EngineKind = Literal["podman", "docker"]
+ENGINES: tuple[EngineKind, ...] = ("podman", "docker")
+ENV_ENGINE = "LMFORGE_CONTAINER_ENGINE"
+_INFO_TIMEOUT_S = 20.0
+
+INSTALL_HINT = (
+    "install podman (Debian/Ubuntu: apt-get install podman buildah runc) or Docker with buildx, "
+    "or set LMFORGE_CONTAINER_ENGINE to the one you have"
+)
+
+
+class EngineError(Exception):
+    """No usable engine, or an engine command that failed; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A build secret: mounted at ``/run/secrets/<id>`` for the RUN steps that ask for it only."""
+
+    id: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    context: Path
+    dockerfile: Path
+    tag: str
+    build_args: Mapping[str, str] = field(default_factory=dict)
+    secrets: Sequence[Secret] = ()
+    network_host: bool = False
+    """RUN steps share the host's network (to reach a package server on loopback)."""
+    no_cache: bool = False
+    platform: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContainerEngine:
+    kind: EngineKind
+    binary: str
+    buildx: bool = False
+    """docker only: the buildx plugin is installed."""
+
+    # ----- commands
+    def _run(
+        self,
+        args: Sequence[str],
+        *,
+        echo: Echo | None = None,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+        capture: bool = True,
+        timeout: float | None = None,
+        what: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [self.binary, *args]
+        if echo is not None:
+            echo("$ " + " ".join(cmd))
+        try:
+            proc = subprocess.run(
+                cmd,
+                input=stdin,
+                text=True,
+                capture_output=capture,
+                env=None if env is None else {**os.environ, **env},
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"{self.kind} {args[0]} did not finish within {timeout:.0f} s") from None
+        if what is not None and proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout or "").strip() if capture else ""
+            last = "\n".join(detail.splitlines()[-6:])
+            raise EngineError(
+                f"{what} failed ({self.kind} exit code {proc.returncode})" + (f":\n{last}" if last else "")
+            )
+        return proc
+
+    def version(self) -> str:
+        proc = self._run(["version", "--format", "{{.Client.Version}}"])
+        return proc.stdout.strip() or "unknown"
+
+    # ----- build and images
+    def build_command(self, req: BuildRequest) -> tuple[list[str], dict[str, str]]:
+        """The argv (without the binary) and extra environment for one build."""
+        env: dict[str, str] = {}
+        if self.kind == "podman":
+            args = ["build", "--format", "docker", "--pull=missing"]
+        elif self.buildx:
+            args = ["buildx", "build", "--load"]
+        else:
+            args = ["build"]
+            env["DOCKER_BUILDKIT"] = "1"
+        args += ["--file", str(req.dockerfile), "--tag", req.tag]
+        for key, value in req.build_args.items():
+            args += ["--build-arg", f"{key}={value}"]
+        for key, value in req.labels.items():
+            args += ["--label", f"{key}={value}"]
+        for secret in req.secrets:
+            args += ["--secret", f"id={secret.id},src={secret.path}"]
+        if req.network_host:
+            args += ["--network", "host"]
+            if self.kind == "docker" and self.buildx:
+                args += ["--allow", "network.host"]
+        if req.no_cache:
+            args.append("--no-cache")
+        if req.platform:
+            args += ["--platform", req.platform]
+        args.append(str(req.context))
+        return args, env
+
+    def build(self, req: BuildRequest, echo: Echo) -> None:
+        args, env = self.build_command(req)
+        # the build's own output goes straight to the terminal (stderr): it is the progress
+        self._run(args, echo=echo, env=env, capture=False, what=f"building {req.tag}")
+
+    def image_exists(self, ref: str) -> bool:
+        if self.kind == "podman":
+            return self._run(["image", "exists", ref]).returncode == 0
+        return self._run(["image", "inspect", "--format", "{{.Id}}", ref]).returncode == 0
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        proc = self._run(["image", "inspect", ref], what=f"inspecting {ref}")
+        data = json.loads(proc.stdout)
+        return dict(data[0]) if isinstance(data, list) else dict(data)
+
+    def image_size(self, ref: str) -> int:
+        return int(self.inspect_image(ref).get("Size") or 0)
+
+    def tag(self, src: str, dst: str, echo: Echo | None = None) -> None:
+        self._run(["tag", src, dst], echo=echo, what=f"tagging {src} as {dst}")
+
+    def remove_image(self, ref: str) -> None:
+        self._run(["rmi", "--force", ref])
+
+    def untag(self, ref: str) -> None:
+        """Drop the name ``ref`` (the image stays under its other names)."""
+        self._run(["untag", ref] if self.kind == "podman" else ["rmi", ref])
+
+    def save(self, ref: str, path: Path) -> None:
+        """The image as a docker-archive tarball (every layer) at ``path``."""
+        self._run(["save", "--output", str(path), ref], what=f"saving {ref}")
+
+    def import_rootfs(self, tarball: Path, ref: str, changes: Sequence[str] = ()) -> None:
+        args = ["import"]
+        for change in changes:
+            args += ["--change", change]
+        self._run([*args, str(tarball), ref], what=f"importing {tarball} as {ref}")
+
+    def _tls(self, insecure: bool) -> list[str]:
+        # docker trusts registries on loopback over plain HTTP by itself; podman must be told
+        return ["--tls-verify=false"] if insecure and self.kind == "podman" else []
+
+    def login(self, registry: str, username: str, password: str, *, insecure: bool, echo: Echo) -> None:
+        """Log in with the password on stdin (never in argv, where ``ps`` would show it)."""
+        args = ["login", *self._tls(insecure), "--username", username, "--password-stdin", registry]
+        self._run(args, echo=echo, stdin=password, what=f"logging in to {registry}")
+
+    def push(self, ref: str, *, insecure: bool, echo: Echo) -> None:
+        self._run(["push", *self._tls(insecure), ref], echo=echo, capture=False, what=f"pushing {ref}")
+
+    def pull(self, ref: str, *, insecure: bool, timeout: float | None = None) -> None:
+        args = ["pull", *self._tls(insecure)]
+        if self.kind == "podman":
+            args.append("--quiet")
+        self._run([*args, ref], timeout=timeout, what=f"pulling {ref}")
+
+    def healthcheck(self, container: str) -> bool:
+        """Run the image's HEALTHCHECK once in ``container`` (podman); True when it passes."""
+        if self.kind != "podman":
+            raise EngineError("healthcheck run needs podman")
+        return self._run(["healthcheck", "run", container]).returncode == 0
+
+    # ----- containers
+    def run_args(self) -> list[str]:
+        """``run`` with ulimits this process may grant."""
+        return ["run", *ulimit_args()]
+
+    def stop(self, name: str, timeout_s: int) -> None:
+        self._run(["stop", "--time", str(timeout_s), name], timeout=timeout_s + 30)
+
+    def remove_container(self, name: str) -> None:
+        self._run(["rm", "--force", name], timeout=60)
+
+    def containers(self, label: str) -> list[str]:
+        """Names of containers (running or not) that carry ``label`` (``key=value``)."""
+        proc = self._run(["ps", "--all", "--filter", f"label={label}", "--format", "{{.Names}}"])
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+    def container_state(self, name: str) -> dict[str, Any] | None:
+        proc = self._run(["inspect", "--type", "container", "--format", "{{json .State}}", name])
+        if proc.returncode != 0:
+            return None
+        try:
+            state = json.loads(proc.stdout)
+        except ValueError:
+            return None
+        return dict(state) if isinstance(state, dict) else None
+
+
+def ulimit_args() -> list[str]:
+    """``--ulimit`` flags at or under this process's hard limits (nofile capped at 65536)."""
+    out = []
+    for name, limit, cap in (
+        ("nofile", resource.RLIMIT_NOFILE, 65536),
+        ("nproc", resource.RLIMIT_NPROC, 32768),
+    ):
+        _, hard = resource.getrlimit(limit)
+        value = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+        out += ["--ulimit", f"{name}={value}:{value}"]
+    return out
+
+
+def _answers(binary: str) -> tuple[bool, str]:
+    try:
+        proc = subprocess.run(
+            [binary, "info", "--format", "{{json .}}"],
+            capture_output=True,
+            text=True,
+            timeout=_INFO_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return False, (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+    return True, ""
+
+
+def _has_buildx(binary: str) -> bool:
+    try:
+        proc = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def detect(preferred: str | None = None) -> ContainerEngine:
+    """The engine to use: ``preferred`` (or ``$LMFORGE_CONTAINER_ENGINE``), else podman, else docker."""
+    choice = (preferred or os.environ.get(ENV_ENGINE) or "auto").strip().lower()
+    if choice not in ("auto", *ENGINES):
+        raise EngineError(f"unknown container engine {choice!r}; choose auto, podman or docker")
+    candidates: tuple[EngineKind, ...] = ENGINES if choice == "auto" else (choice,)  # type: ignore[assignment]
+    problems = []
+    for kind in candidates:
+        binary = shutil.which(kind)
+        if binary is None:
+            problems.append(f"{kind}: not installed")
+            continue
+        ok, why = _answers(binary)
+        if not ok:
+            problems.append(
+                f"{kind}: {why}" + (" (is the Docker daemon running?)" if kind == "docker" else "")
+            )
+            continue
+        return ContainerEngine(kind, binary, buildx=kind == "docker" and _has_buildx(binary))
+    raise EngineError("no container engine answers (" + "; ".join(problems) + "): " + INSTALL_HINT)
+
+
+def available(preferred: str | None = None) -> ContainerEngine | None:
+    try:
+        return detect(preferred)
+    except EngineError:
+        return None
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return predicate()

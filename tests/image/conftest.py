@@ -1,0 +1,152 @@
+"""The cpu image, built once per session from a clean cache, and a runner for containers of it.
+
+The tests skip where no container engine answers, except where ``LMFORGE_REQUIRE_IMAGE_TESTS=1``
+(CI, which installs podman): there a missing engine fails the session instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.utils import TEST_ENV
+
+REQUIRE = os.environ.get("LMFORGE_REQUIRE_IMAGE_TESTS") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class BuiltImage:
+    engine: Any
+    tag: str
+    result: Any
+    labels: dict[str, str]
+
+
+def container_engine() -> Any:
+    from lmforge.container.engine import EngineError, detect
+
+    try:
+        return detect()
+    except EngineError as exc:
+        if REQUIRE:
+            pytest.fail(f"LMFORGE_REQUIRE_IMAGE_TESTS=1 but {exc}")
+        pytest.skip(f"image tests need a container engine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    return container_engine()
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine: Any) -> Iterator[BuiltImage]:
+    """``lmforge container build cpu --no-cache`` (on the Debian-made base when the pinned one is absent)."""
+    from lmforge.container.base import build_base
+    from lmforge.container.build import build_flavour
+    from lmforge.container.flavours import load_flavour
+
+    if not engine.image_exists(load_flavour("cpu").base_image):
+        build_base(engine, print)
+    tag = f"localhost/lmforge-test/cpu:{uuid.uuid4().hex[:8]}"
+    result = build_flavour("cpu", engine, print, tag=tag, no_cache=True)
+    data = engine.inspect_image(tag)
+    labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
+    yield BuiltImage(engine, tag, result, dict(labels))
+    engine.untag(tag)
+
+
+class ImageRun:
+    """``podman|docker run IMAGE serve`` as SageMaker starts it: the model read-only at
+    /opt/ml/model, port 8080 published on loopback (or the host's network with
+    SAGEMAKER_BIND_TO_PORT), one torch thread."""
+
+    def __init__(
+        self,
+        image: BuiltImage,
+        model_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        host_network: bool = False,
+    ) -> None:
+        self.image = image
+        self.engine = image.engine
+        self.model_dir = model_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = f"lmforge-test-{uuid.uuid4().hex[:10]}"
+        self.env = {**TEST_ENV, **(env or {})}
+        self.host_network = host_network
+        self.exit_code: int | None = None
+        self.saved_logs = ""
+
+    def start(self) -> ImageRun:
+        args = [*self.engine.run_args(), "--detach", "--name", self.name, "--shm-size", "1g"]
+        args += ["--volume", f"{self.model_dir}:/opt/ml/model:ro"]
+        env = dict(self.env)
+        if self.host_network:
+            args += ["--network", "host"]
+            env.update({"SAGEMAKER_BIND_TO_PORT": str(self.port), "LMFORGE_HOST": "127.0.0.1"})
+        else:
+            args += ["--publish", f"127.0.0.1:{self.port}:8080"]
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        self.engine._run([*args, self.image.tag, "serve"], what=f"starting {self.image.tag}")
+        return self
+
+    def wait_for_ping(self, timeout: float) -> list[int]:
+        """Poll /ping every 50 ms until 200; returns the statuses seen (0: no answer yet)."""
+        seen: list[int] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                status = httpx.get(self.url + "/ping", timeout=2).status_code
+            except httpx.HTTPError:
+                status = 0
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == 200:
+                return seen
+            state = self.engine.container_state(self.name) or {}
+            if state.get("Status") in ("exited", "stopped"):
+                raise AssertionError(f"the container exited:\n{self.logs()}")
+            time.sleep(0.05)
+        raise AssertionError(f"/ping never answered 200 (saw {seen}):\n{self.logs()}")
+
+    def exec(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        return self.engine._run(["exec", self.name, *cmd])
+
+    def logs(self) -> str:
+        proc = self.engine._run(["logs", self.name])
+        return (proc.stdout or "") + (proc.stderr or "") if proc.returncode == 0 else self.saved_logs
+
+    def stop(self, grace_s: int = 30) -> int | None:
+        self.engine.stop(self.name, grace_s)
+        state = self.engine.container_state(self.name) or {}
+        self.exit_code = state.get("ExitCode")
+        self.saved_logs = self.logs()
+        return self.exit_code
+
+    def __enter__(self) -> ImageRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.saved_logs = self.logs()
+        self.engine.remove_container(self.name)

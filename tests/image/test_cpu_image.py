@@ -1,0 +1,155 @@
+"""lmforge's cpu image, built from a clean cache and run the way SageMaker runs it (marker ``image``).
+
+One session fixture builds the image once (``--no-cache``, the Debian-made base where no public
+registry answers); every test then runs containers of it with the engine that built it. The SageMaker
+container contract is checked inside the running image: ``/ping`` 503 while loading then 200,
+jsonlines streaming, a non-root user, a read-only ``/opt/ml/model``, the HEALTHCHECK, ``SIGTERM``
+draining to exit 0 in under 30 s, ``option.model_id=s3://`` from a local S3; and no build secret
+(the pip settings and CA bundle of the building machine) is left in any layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.image.conftest import BuiltImage, ImageRun
+
+pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
+
+
+def test_the_build_was_cold_and_the_image_is_small_enough(cpu_image: BuiltImage) -> None:
+    assert cpu_image.result.seconds > 0
+    assert cpu_image.result.size_bytes < 1.5e9, f"{cpu_image.result.size_bytes / 1e9:.2f} GB"
+    labels = cpu_image.labels
+    assert labels["com.amazonaws.sagemaker.capabilities.accept-bind-to-port"] == "true"
+    assert labels["dev.lmforge.flavour"] == "cpu"
+
+
+def test_no_build_secret_is_left_in_any_layer(cpu_image: BuiltImage) -> None:
+    from lmforge.container.pipsettings import SECRET_MARKER
+
+    marker = SECRET_MARKER.encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "image.tar"
+        cpu_image.engine.save(cpu_image.tag, archive)
+        with tarfile.open(archive) as outer:
+            layers = [m for m in outer.getmembers() if m.isfile() and m.name.endswith((".tar", "/layer.tar"))]
+            assert layers, "the saved image lists its layers"
+            scanned = 0
+            for member in layers:
+                data = outer.extractfile(member)
+                assert data is not None
+                with tarfile.open(fileobj=io.BytesIO(data.read())) as layer:
+                    for entry in layer.getmembers():
+                        name = entry.name.lstrip("./")
+                        assert not name.startswith("run/secrets/"), f"{name} in layer {member.name}"
+                        assert not name.endswith(("pip.conf", "pip.ini")), f"{name} in layer {member.name}"
+                        if entry.isfile() and entry.size < 64 * 2**20:
+                            content = layer.extractfile(entry)
+                            assert content is not None
+                            assert marker not in content.read(), f"{name} holds a build secret"
+                            scanned += 1
+    assert scanned > 1000
+    history = cpu_image.engine._run(["history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image.tag])
+    assert "127.0.0.1:" not in history.stdout and "index-url" not in history.stdout
+
+
+def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: Path) -> None:
+    with ImageRun(cpu_image, tiny_model) as run:
+        seen = run.wait_for_ping(timeout=120)
+        assert 503 in seen, f"/ping answered {seen} before 200: it must say 503 while the model loads"
+        assert run.exec(["id", "-u"]).stdout.strip() == "1000", "the server runs as a non-root user"
+        denied = run.exec(["sh", "-c", "touch /opt/ml/model/x"])
+        assert denied.returncode != 0, "/opt/ml/model is mounted read-only"
+        assert cpu_image.engine.kind != "podman" or cpu_image.engine.healthcheck(run.name)
+
+        body = {"inputs": "def ", "parameters": {"max_new_tokens": 8, "details": True}, "stream": True}
+        with httpx.stream("POST", run.url + "/invocations", json=body, timeout=60) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("application/jsonlines")
+            lines = [json.loads(line) for line in resp.iter_lines() if line]
+        assert len(lines) == 8 and all("token" in line for line in lines)
+        assert lines[-1]["generated_text"] == "".join(line["token"]["text"] for line in lines)
+        assert lines[-1]["details"]["finish_reason"] == "length"
+
+
+def test_sigterm_drains_and_exits_zero_within_30_s(cpu_image: BuiltImage, tiny_model: Path) -> None:
+    with ImageRun(cpu_image, tiny_model) as run:
+        run.wait_for_ping(timeout=120)
+        streamed: list[dict[str, Any]] = []
+
+        def long_stream() -> None:
+            body = {
+                "inputs": "x",
+                "parameters": {"max_new_tokens": 400, "ignore_eos_token": True},
+                "stream": True,
+            }
+            with (
+                contextlib.suppress(httpx.HTTPError),
+                httpx.stream("POST", run.url + "/invocations", json=body, timeout=60) as resp,
+            ):
+                streamed.extend(json.loads(line) for line in resp.iter_lines() if line)
+
+        client = threading.Thread(target=long_stream)
+        client.start()
+        deadline = time.monotonic() + 30
+        while not streamed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        started = time.monotonic()
+        code = run.stop(grace_s=30)
+        took = time.monotonic() - started
+        client.join(30)
+    assert code == 0, f"exit code {code}:\n{run.logs()}"
+    assert took < 30, f"stopping took {took:.1f} s"
+    assert "draining" in run.logs()
+    assert streamed and (
+        streamed[-1].get("generated_text") is not None or "error" in json.dumps(streamed[-1])
+    )
+
+
+def test_option_model_id_from_the_local_s3(cpu_image: BuiltImage, tiny_model: Path, tmp_path: Path) -> None:
+    import boto3
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+    from lmforge.deploy.upload import upload_prefix
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3_url = f"http://{host}:{port}"
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=s3_url,
+            region_name="us-east-1",
+            aws_access_key_id="t",
+            aws_secret_access_key="t",
+        )
+        s3.create_bucket(Bucket="weights")
+        upload_prefix(s3, tiny_model, "weights", "tiny")
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "serving.properties").write_text("option.model_id=s3://weights/tiny/\n")
+        env = {"AWS_ENDPOINT_URL": s3_url, "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}
+        with ImageRun(cpu_image, model, env=env, host_network=True) as run:
+            run.wait_for_ping(timeout=180)
+            out = httpx.post(
+                run.url + "/invocations",
+                json={"inputs": "def ", "parameters": {"max_new_tokens": 4}},
+                timeout=60,
+            )
+            assert out.status_code == 200, out.text
+            assert "s5cmd" in run.logs(), "the image downloads with its s5cmd"
+    finally:
+        server.stop()

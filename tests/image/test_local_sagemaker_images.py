@@ -1,0 +1,187 @@
+"""The local SageMaker in image mode, with real clients: ``lmforge container push`` to the local ECR,
+a SageMaker SDK v2 ``Model(image_uri=<ECR URI>)`` deployment whose instance is that image run by the
+engine, boto3 streaming from inside it, and images that cannot be had failing with a reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.image.conftest import BuiltImage
+from tests.utils import TEST_ENV
+
+pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
+
+REGION = "us-west-2"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lmforge(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (
+        f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    )
+    return proc
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, cpu_image: BuiltImage) -> Iterator[dict[str, str]]:
+    state = tmp_path_factory.mktemp("local-images")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    base.update(TEST_ENV)
+    base["AWS_DEFAULT_REGION"] = REGION
+    base["LMFORGE_CONTAINER_ENGINE"] = cpu_image.engine.kind
+    up = _lmforge("local", "up", "--state-dir", str(state), "--mode", "image", "--print-env", env=base)
+    env = dict(base)
+    for line in up.stdout.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = shlex.split(value)[0]
+    yield env
+    _lmforge("local", "down", "--state-dir", str(state), env=base)
+    leftovers = cpu_image.engine.containers(f"dev.lmforge.local={state.resolve()}")
+    assert leftovers == [], f"containers left after local down: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def clients(local: dict[str, str]) -> Iterator[dict[str, Any]]:
+    import boto3
+
+    saved = dict(os.environ)
+    os.environ.update(local)
+    try:
+        yield {name: boto3.client(name) for name in ("ecr", "sagemaker", "sagemaker-runtime")}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def pushed(local: dict[str, str], cpu_image: BuiltImage, clients: dict[str, Any]) -> str:
+    """``lmforge container push cpu --tag <the test image>``: its ECR URI."""
+    out = _lmforge("container", "push", "cpu", "--tag", cpu_image.tag, env=local)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_push_lands_in_the_local_ecr(pushed: str, clients: dict[str, Any]) -> None:
+    from lmforge import __version__
+
+    assert pushed == f"123456789012.dkr.ecr.{REGION}.amazonaws.com/lmforge-cpu:{__version__}"
+    repos = clients["ecr"].describe_repositories()["repositories"]
+    assert "lmforge-cpu" in [r["repositoryName"] for r in repos]
+    details = clients["ecr"].describe_images(repositoryName="lmforge-cpu")["imageDetails"]
+    assert [d["imageTags"] for d in details] == [[__version__]]
+    assert details[0]["imageSizeInBytes"] > 100e6 and details[0]["imageDigest"].startswith("sha256:")
+
+
+def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
+    pushed: str, local: dict[str, str], clients: dict[str, Any], tiny_model: Path, cpu_image: BuiltImage
+) -> None:
+    name = "image-sdk"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "sagemaker_sdk_v2.py"),
+            str(tiny_model),
+            *("--endpoint-name", name, "--instance-type", "ml.m5.xlarge", "--image-uri", pushed, "--keep"),
+        ],
+        env=local,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "matches the stream: True" in proc.stderr
+    try:
+        status = _lmforge("local", "status", env=local).stdout
+        assert "mode: images" in status and f"{name}/AllTraffic: image mode, image {pushed}" in status
+        running = cpu_image.engine.containers("dev.lmforge.local")
+        assert running, "the endpoint's instance is a container"
+        labels = cpu_image.engine._run(["inspect", "--format", "{{json .Config.Labels}}", running[0]]).stdout
+        assert "accept-bind-to-port" in labels, "the container runs the pushed image"
+
+        from lmforge.client import iter_stream_objects
+
+        response = clients["sagemaker-runtime"].invoke_endpoint_with_response_stream(
+            EndpointName=name,
+            Body=json.dumps({"inputs": "def ", "parameters": {"max_new_tokens": 6}, "stream": True}),
+            ContentType="application/json",
+        )
+        lines = list(iter_stream_objects(response["Body"]))
+        assert len(lines) == 6 and lines[-1]["generated_text"]
+    finally:
+        clients["sagemaker"].delete_endpoint(EndpointName=name)
+    deadline = time.monotonic() + 60
+    while cpu_image.engine.containers("dev.lmforge.local") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not cpu_image.engine.containers("dev.lmforge.local"), "delete stops the container"
+
+
+def _deploy_raw(clients: dict[str, Any], name: str, image: str, model_data: str) -> dict[str, Any]:
+    sm = clients["sagemaker"]
+    sm.create_model(
+        ModelName=name,
+        ExecutionRoleArn="arn:aws:iam::123456789012:role/lmforge-local",
+        PrimaryContainer={"Image": image, "ModelDataUrl": model_data},
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName=name,
+        ProductionVariants=[
+            {
+                "VariantName": "AllTraffic",
+                "ModelName": name,
+                "InstanceType": "ml.g5.2xlarge",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=name)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        desc = sm.describe_endpoint(EndpointName=name)
+        if desc["EndpointStatus"] in ("InService", "Failed"):
+            return dict(desc)
+        time.sleep(0.5)
+    raise AssertionError(f"{name} stayed {desc['EndpointStatus']}")
+
+
+@pytest.mark.parametrize(
+    ("image", "reason"),
+    [
+        (
+            "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128",
+            "no credentials",
+        ),
+        (
+            "123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge-vllm-cpu:0.0.0",
+            "could not be pulled from the local ECR",
+        ),
+    ],
+)
+def test_an_image_that_cannot_be_had_fails_with_the_reason(
+    image: str, reason: str, clients: dict[str, Any], tiny_model: Path, tmp_path: Path, local: dict[str, str]
+) -> None:
+    from lmforge.artifacts import package_model
+
+    archive = package_model(tiny_model, tmp_path / "model.tar.gz").output
+    import boto3
+
+    name = "unpullable-" + ("lmi" if "djl" in image else "ecr")
+    s3 = boto3.client("s3", endpoint_url=local["AWS_ENDPOINT_URL"], region_name=REGION)
+    s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive), name, "model.tar.gz")
+    desc = _deploy_raw(clients, name, image, f"s3://{name}/model.tar.gz")
+    assert desc["EndpointStatus"] == "Failed"
+    assert "CannotPullContainerError" in desc["FailureReason"] and reason in desc["FailureReason"]
+    clients["sagemaker"].delete_endpoint(EndpointName=name)
