@@ -5,7 +5,7 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 DEMO_DIR=${DEMO_DIR:-.demo}
 ENDPOINT=${ENDPOINT:-lmforge-demo}
-INSTANCE_TYPE=${INSTANCE_TYPE:-ml.g5.2xlarge}
+INSTANCE_TYPE=${INSTANCE_TYPE:-ml.m5.xlarge}
 LMFORGE="$PY -m lmforge"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export LMFORGE_LOCAL_DIR="$PWD/$DEMO_DIR/local"
@@ -47,7 +47,7 @@ step "Done. The text is gibberish: the example model has random weights."
 cat <<NEXT
 Next (the CLI is .venv/bin/lmforge; 'source .venv/bin/activate' puts it on PATH):
   eval "\$(lmforge local up --print-env)"          # keep a local SageMaker running
-  lmforge deploy $DEMO_DIR/model --endpoint-name my-llm --instance-type ml.g5.2xlarge
+  lmforge deploy $DEMO_DIR/model --endpoint-name my-llm --instance-type ml.m5.xlarge
   lmforge invoke my-llm 'def hello():' --stream --details
   python examples/sagemaker_sdk_v2.py $DEMO_DIR/model --endpoint-name sdk-llm   # the SageMaker SDK v2 way
   lmforge serve $DEMO_DIR/model                     # or just the model server, on :8080

@@ -165,7 +165,8 @@ class ContainerEngine:
 
     def untag(self, ref: str) -> None:
         """Drop the name ``ref`` (the image stays under its other names)."""
-        self._run(["untag", ref] if self.kind == "podman" else ["rmi", ref])
+        # `podman untag IMAGE` alone drops every name of the image: name the one to drop
+        self._run(["untag", ref, ref] if self.kind == "podman" else ["rmi", ref])
 
     def save(self, ref: str, path: Path) -> None:
         """The image as a docker-archive tarball (every layer) at ``path``."""

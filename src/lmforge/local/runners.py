@@ -122,10 +122,17 @@ class InstanceRunner:
             try:
                 engine.pull(local, insecure=True, timeout=timeout_s)
             except EngineError as exc:
+                why = _last_line(exc)
+                missing = any(s in why.lower() for s in ("manifest unknown", "not found", "name unknown"))
+                hint = (
+                    " It is not there: push it first (lmforge container push FLAVOUR, or docker/podman push "
+                    "to the proxyEndpoint of ecr get-authorization-token)."
+                    if missing
+                    else ""
+                )
                 raise ImageUnavailable(
                     f"CannotPullContainerError: {image_uri} could not be pulled from the local ECR: "
-                    f"{_last_line(exc)}. Push it first: lmforge container push FLAVOUR "
-                    "(or docker/podman push to the proxyEndpoint of ecr get-authorization-token)."
+                    f"{why}.{hint}"
                 ) from None
             return local
         if engine.image_exists(image_uri):

@@ -67,6 +67,8 @@ class LocalSageMaker:
         ecr.install(self.registry, unavailable_reason=problem)
         self._moto = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
         self._moto.start()
+        if self.registry is not None and (restored := ecr.restore_repositories(self.registry)):
+            log.info("local ECR: %d repositories of an earlier run restored", restored)
         host, port = self._moto.get_host_and_port()
         self.control_url = f"http://{host}:{port}"
         engine = available(self.engine)
