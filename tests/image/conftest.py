@@ -1,7 +1,9 @@
 """The cpu image, built once per session from a clean cache, and a runner for containers of it.
 
 The tests skip where no container engine answers, except where ``LMFORGE_REQUIRE_IMAGE_TESTS=1``
-(CI, which installs podman): there a missing engine fails the session instead.
+(CI, which installs podman): there a missing engine fails the session instead. For an inner loop on
+the tests themselves, ``LMFORGE_IMAGE_TESTS_REUSE=REF`` runs them against an image already built
+(``lmforge/cpu:VERSION``) instead of a cold build.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class BuiltImage:
     tag: str
     result: Any
     labels: dict[str, str]
+    reused: bool = False
 
 
 def container_engine() -> Any:
@@ -62,13 +65,20 @@ def cpu_image(engine: Any) -> Iterator[BuiltImage]:
     from lmforge.container.build import build_flavour
     from lmforge.container.flavours import load_flavour
 
-    if not engine.image_exists(load_flavour("cpu").base_image):
-        build_base(engine, print)
+    reuse = os.environ.get("LMFORGE_IMAGE_TESTS_REUSE")
     tag = f"localhost/lmforge-test/cpu:{uuid.uuid4().hex[:8]}"
-    result = build_flavour("cpu", engine, print, tag=tag, no_cache=True)
+    if reuse:
+        from lmforge.container.build import BuildResult
+
+        engine.tag(reuse, tag)
+        result = BuildResult(tag, "(reused)", 0.0, engine.image_size(tag), engine.kind)
+    else:
+        if not engine.image_exists(load_flavour("cpu").base_image):
+            build_base(engine, print)
+        result = build_flavour("cpu", engine, print, tag=tag, no_cache=True)
     data = engine.inspect_image(tag)
     labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
-    yield BuiltImage(engine, tag, result, dict(labels))
+    yield BuiltImage(engine, tag, result, dict(labels), reused=bool(reuse))
     engine.untag(tag)
 
 

@@ -304,7 +304,8 @@ def test_pip_settings_become_build_secrets_and_local_folders_are_served(tmp_path
         assert inputs.network_host
         secrets = {s.id: s.path for s in inputs.secrets}
         conf = secrets["pipconf"].read_text()
-        assert SECRET_MARKER in conf and SECRET_MARKER in secrets["pipca"].read_text()
+        assert inputs.marker.startswith(SECRET_MARKER) and len(inputs.marker) > len(SECRET_MARKER) + 16
+        assert inputs.marker in conf and inputs.marker in secrets["pipca"].read_text()
         assert oct(secrets["pipconf"].stat().st_mode)[-3:] == "600"
         lines = dict(line.split(" = ", 1) for line in conf.splitlines() if " = " in line)
         assert "https://mirror.example/simple" in lines["extra-index-url"]

@@ -37,6 +37,8 @@ class BuildResult:
     seconds: float
     size_bytes: int
     engine: str
+    secret_marker: str = ""
+    """The marker line both build secrets carried (to check that no layer holds them)."""
 
 
 def has_nvidia_gpu() -> bool:
@@ -131,4 +133,4 @@ def build_flavour(
             raise BuildError(f"{exc}{hint}") from None
     seconds = time.monotonic() - started
     size = engine.image_size(image)
-    return BuildResult(image, base, seconds, size, engine.kind)
+    return BuildResult(image, base, seconds, size, engine.kind, pip.marker)

@@ -5,8 +5,8 @@ extra indexes, find-links folders or the CA bundle its proxy needs. :func:`read_
 them the way pip does (``pip config list``: the global, user and site files, then ``PIP_*``
 variables), and :class:`BuildPipInputs` turns them into two build secrets, ``pipconf`` (a pip.conf)
 and ``pipca`` (the CA bundle), which the Dockerfiles mount into the RUN steps that run pip only, so
-they never reach a layer. Both files carry the marker line :data:`SECRET_MARKER`, which a test looks
-for in every layer of a built image.
+they never reach a layer. Both files carry a marker line (:data:`SECRET_MARKER` and a random token
+per build, :attr:`BuildPipInputs.marker`), which a test looks for in every layer of a built image.
 
 Local sources (a find-links folder, a ``file://`` index) cannot be mounted generically into a build,
 so they are served read-only over HTTP on loopback for the length of the build
@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import secrets
 import shlex
 import socket
 import ssl
@@ -214,6 +215,9 @@ class BuildPipInputs:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.secrets: list[Secret] = []
         self.notes: list[str] = []
+        self.marker = f"{SECRET_MARKER}-{secrets.token_hex(12)}"
+        """Written into both secrets: a string that appears nowhere else (lmforge's own source
+        names only the prefix)."""
 
     @property
     def network_host(self) -> bool:
@@ -239,7 +243,7 @@ class BuildPipInputs:
 
     def pip_conf(self) -> str:
         s = self.settings
-        lines = [f"# {SECRET_MARKER}: pip settings of the building machine, for this build only", "[global]"]
+        lines = [f"# {self.marker}: pip settings of the building machine, for this build only", "[global]"]
         if s.no_index:
             lines.append("no-index = true")
         if s.index_url:
@@ -274,7 +278,7 @@ class BuildPipInputs:
         ca = ca_bundle(self.settings)
         if ca is not None:
             copy = folder / "ca.pem"
-            copy.write_bytes(ca.read_bytes().rstrip(b"\n") + f"\n# {SECRET_MARKER}\n".encode())
+            copy.write_bytes(ca.read_bytes().rstrip(b"\n") + f"\n# {self.marker}\n".encode())
             copy.chmod(0o600)
             self.secrets.append(Secret("pipca", copy))
         if self.server.mounts:
