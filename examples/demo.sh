@@ -2,23 +2,11 @@
 # `make demo`: the user's main job on the local SageMaker, end to end, with no AWS account:
 # tiny example model -> plan -> package -> local SageMaker -> deploy -> stream with real boto3 -> tear down.
 set -euo pipefail
-PY=${PY:-.venv/bin/python}
 DEMO_DIR=${DEMO_DIR:-.demo}
 ENDPOINT=${ENDPOINT:-lmforge-demo}
 INSTANCE_TYPE=${INSTANCE_TYPE:-ml.m5.xlarge}
-LMFORGE="$PY -m lmforge"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-export LMFORGE_LOCAL_DIR="$PWD/$DEMO_DIR/local"
-export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-west-2}
-
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-teardown() {
-  status=$?
-  step "Tearing down"
-  $LMFORGE delete "$ENDPOINT" 2>&1 | sed 's/^/    /' || true
-  $LMFORGE local down || true
-  exit $status
-}
+. "$(dirname "$0")/demo_common.sh"
 
 step "1/6 Writing the tiny example model to $DEMO_DIR/model (random weights, local tokenizer)"
 $LMFORGE example-model "$DEMO_DIR/model" --overwrite

@@ -4,23 +4,11 @@
 # the SageMaker SDK v2 (Model(image_uri=<ECR URI>)) -> stream with boto3 -> delete -> tear down.
 # Every instance of the endpoint is the pushed image, run by podman or docker.
 set -euo pipefail
-PY=${PY:-.venv/bin/python}
 DEMO_DIR=${DEMO_DIR:-.demo-image}
 ENDPOINT=${ENDPOINT:-lmforge-image-demo}
 INSTANCE_TYPE=${INSTANCE_TYPE:-ml.m5.xlarge}
 FLAVOUR=${FLAVOUR:-cpu}
-LMFORGE="$PY -m lmforge"
-export LMFORGE_LOCAL_DIR="$PWD/$DEMO_DIR/local"
-export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-west-2}
-
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
-teardown() {
-  status=$?
-  step "Tearing down"
-  $LMFORGE delete "$ENDPOINT" 2>&1 | sed 's/^/    /' || true
-  $LMFORGE local down || true
-  exit $status
-}
+. "$(dirname "$0")/demo_common.sh"
 
 step "1/7 Tiny example model in $DEMO_DIR/model"
 $LMFORGE example-model "$DEMO_DIR/model" --overwrite

@@ -120,6 +120,28 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
         )
         lines = list(iter_stream_objects(response["Body"]))
         assert len(lines) == 6 and lines[-1]["generated_text"]
+
+        from lmforge.local.containers import memory_limit
+
+        memory = cpu_image.engine._run(["inspect", "--format", "{{.HostConfig.Memory}}", running[0]]).stdout
+        assert int(memory.strip()) == memory_limit(16), "ml.m5.xlarge's 16 GiB, scaled to this machine"
+
+        # an instance that dies is replaced (the watchdog starts the image again)
+        cpu_image.engine._run(["kill", running[0]])
+        deadline = time.monotonic() + 120
+        answer = None
+        while time.monotonic() < deadline:
+            try:
+                answer = clients["sagemaker-runtime"].invoke_endpoint(
+                    EndpointName=name,
+                    Body=json.dumps({"inputs": "def ", "parameters": {"max_new_tokens": 2}}),
+                    ContentType="application/json",
+                )
+                break
+            except clients["sagemaker-runtime"].exceptions.ModelError:
+                time.sleep(1)
+        assert answer is not None, "the killed instance was not replaced"
+        assert json.loads(answer["Body"].read())["generated_text"]
     finally:
         clients["sagemaker"].delete_endpoint(EndpointName=name)
     deadline = time.monotonic() + 60
@@ -185,3 +207,27 @@ def test_an_image_that_cannot_be_had_fails_with_the_reason(
     assert desc["EndpointStatus"] == "Failed"
     assert "CannotPullContainerError" in desc["FailureReason"] and reason in desc["FailureReason"]
     clients["sagemaker"].delete_endpoint(EndpointName=name)
+
+
+def test_a_container_that_fails_to_start_ends_failed_with_its_log(
+    pushed: str, clients: dict[str, Any], tiny_model: Path, tmp_path: Path, local: dict[str, str]
+) -> None:
+    import shutil
+
+    import boto3
+
+    from lmforge.artifacts import package_model
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model, bad)
+    (bad / "serving.properties").write_text(
+        "option.rolling_batch=lmi-dist\noption.max_rolling_batch_size=-3\n"
+    )
+    archive = package_model(bad, tmp_path / "bad.tar.gz", validate=False).output
+    s3 = boto3.client("s3", endpoint_url=local["AWS_ENDPOINT_URL"], region_name=REGION)
+    s3.create_bucket(Bucket="bad-config", CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.upload_file(str(archive), "bad-config", "model.tar.gz")
+    desc = _deploy_raw(clients, "bad-config", pushed, "s3://bad-config/model.tar.gz")
+    assert desc["EndpointStatus"] == "Failed"
+    assert "exited with code" in desc["FailureReason"] and "max_rolling_batch_size" in desc["FailureReason"]
+    clients["sagemaker"].delete_endpoint(EndpointName="bad-config")

@@ -286,10 +286,10 @@ def test_adapter_components_equal_peft(
     assert len(old) == 1 and not old[0].exists() and len(_adapter_folders(local, "ic-a1")) == 1
 
     # the base container dies: it is restarted and gets its adapters registered again
-    pid = int(_base_dir(local).joinpath("container.pid").read_text())
+    pid = _pid(_base_dir(local))
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
-    while int(_base_dir(local).joinpath("container.pid").read_text()) == pid:  # the watchdog restarts it
+    while _pid(_base_dir(local)) == pid:  # the watchdog restarts it
         assert time.monotonic() < deadline, "the base container was not restarted"
         time.sleep(0.2)
     while True:
@@ -524,3 +524,8 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     while _adapter_folders(local, "late-a1"):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def _pid(folder: Path) -> int:
+    """The host process of a process-mode instance (its container.json)."""
+    return int(json.loads(folder.joinpath("container.json").read_text())["pid"])

@@ -189,8 +189,11 @@ def test_wire_errors_have_sagemakers_shapes(endpoint: str, clients: dict[str, An
 
 
 def _container_pid(local: dict[str, str], name: str) -> int:
-    folders = sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", name).glob("*/container.pid"))
-    return int(folders[-1].read_text())
+    """The host process of the endpoint's newest instance (process mode), from its container.json."""
+    infos = sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", name).glob("*/container.json"))
+    info = json.loads(infos[-1].read_text())
+    assert info["mode"] == "process"
+    return int(info["pid"])
 
 
 def test_container_death_mid_stream_is_a_model_stream_error(

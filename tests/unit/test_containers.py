@@ -320,3 +320,18 @@ def test_pip_settings_become_build_secrets_and_local_folders_are_served(tmp_path
         with pytest.raises(urllib.error.HTTPError):  # nothing outside the served folders
             urllib.request.urlopen(served_index.rsplit("/", 2)[0] + "/../../../etc/passwd")
     assert not secrets["pipconf"].exists(), "the secrets are removed after the build"
+
+
+def test_gpu_flavours_are_not_built_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from lmforge.cli import main
+    from lmforge.container import build
+
+    monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
+    for name in ("vllm", "lmi-dist", "tensorrt-llm"):
+        result = CliRunner().invoke(main, ["container", "build", name])
+        assert result.exit_code == 1, result.output
+        assert "for NVIDIA GPUs" in result.output and "lmforge container build cpu" in result.output
+        assert "Traceback" not in result.output
+    assert build.check_buildable("cpu").gpu is False

@@ -105,10 +105,14 @@ def build_command(
     region: str | None,
 ) -> None:
     """Build FLAVOUR's image with podman or docker."""
-    from lmforge.container.build import build_flavour
+    from lmforge.container.build import build_flavour, check_buildable
     from lmforge.container.engine import EngineError
     from lmforge.container.flavours import FlavourError
 
+    try:
+        check_buildable(flavour, allow_no_gpu=allow_no_gpu)
+    except (FlavourError, EngineError) as exc:
+        raise click.ClickException(str(exc)) from None
     chosen = _engine(engine)
     try:
         result = build_flavour(

@@ -71,6 +71,25 @@ def resolve_base(engine: ContainerEngine, flavour: Flavour, explicit: str | None
     return flavour.base_image, "the pinned default (pulled)"
 
 
+def check_buildable(name: str, *, allow_no_gpu: bool = False, root: Path | None = None) -> Flavour:
+    """The flavour, once its files are current and (for a GPU flavour) a GPU is here; BuildError else."""
+    from lmforge.container.render import stale_files
+
+    base_root = root or repo_root()
+    stale = [p for p in stale_files(base_root) if p.parent.name == name]
+    if stale:
+        raise BuildError(f"{stale[0]} differs from the templates: run `lmforge container render {name}`")
+    flavour = load_flavour(name, base_root)
+    if flavour.gpu and not allow_no_gpu and not has_nvidia_gpu():
+        raise BuildError(
+            f"the {name} image is for NVIDIA GPUs (CUDA {flavour.cuda}) and this machine has none "
+            "(nvidia-smi finds no GPU), so it could be built but not run or tested here. Build it on a GPU "
+            f"machine, or pass --allow-no-gpu to build anyway (its base {flavour.base_image} must be "
+            "pullable). On this machine: lmforge container build cpu (or vllm-cpu)"
+        )
+    return flavour
+
+
 def build_flavour(
     name: str,
     engine: ContainerEngine,
@@ -84,21 +103,8 @@ def build_flavour(
     root: Path | None = None,
 ) -> BuildResult:
     """Build flavour ``name`` with ``engine``; BuildError says why not."""
-    from lmforge.container.render import stale_files
-
     base_root = root or repo_root()
-    stale = [p for p in stale_files(base_root) if p.parent.name == name]
-    if stale:
-        raise BuildError(f"{stale[0]} differs from the templates: run `lmforge container render {name}`")
-    flavour = load_flavour(name, base_root)
-    if flavour.gpu and not allow_no_gpu and not has_nvidia_gpu():
-        raise BuildError(
-            f"the {name} image is for NVIDIA GPUs (CUDA {flavour.cuda}) and this machine has none "
-            "(nvidia-smi finds no GPU), so the image could be built but not run or tested here. Build it on "
-            "a GPU machine, or pass --allow-no-gpu to build anyway (its base "
-            f"{flavour.base_image} must be pullable). On this machine: lmforge container build cpu "
-            "(or vllm-cpu)"
-        )
+    flavour = check_buildable(name, allow_no_gpu=allow_no_gpu, root=base_root)
     image = tag or image_name(name)
     base, why = resolve_base(engine, flavour, base_image)
     settings = read_pip_settings()

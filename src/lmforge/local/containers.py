@@ -284,6 +284,10 @@ class ImageContainer(Container):
     def _popen_env(self) -> dict[str, str]:
         return dict(os.environ)  # the engine's own environment, not the container's
 
+    def start(self) -> None:
+        self._engine().remove_container(self.name)  # a restart: the exited one may not be gone yet
+        super().start()
+
     def info(self) -> dict[str, Any]:
         return {
             **super().info(),
