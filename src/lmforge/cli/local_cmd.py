@@ -78,7 +78,8 @@ def up_command(
     click.echo("Next: point boto3, the AWS CLI and the SageMaker SDK at it, then deploy:")
     click.echo(f'  eval "$(lmforge local up --print-env{_dir_flag(state_dir)})"')
     if state.mode == "image":
-        click.echo("  lmforge deploy MODEL_DIR --endpoint-name my-llm --instance-type ml.m5.xlarge --build-image")
+        click.echo("  lmforge deploy MODEL_DIR --endpoint-name my-llm --instance-type ml.m5.xlarge \\")
+        click.echo("      --build-image")
         click.echo("  (builds lmforge's cpu image and pushes it to this local ECR when it is not there yet)")
     else:
         click.echo("  lmforge deploy MODEL_DIR --endpoint-name my-llm --instance-type ml.m5.xlarge")
