@@ -231,3 +231,32 @@ def test_a_container_that_fails_to_start_ends_failed_with_its_log(
     assert desc["EndpointStatus"] == "Failed"
     assert "exited with code" in desc["FailureReason"] and "max_rolling_batch_size" in desc["FailureReason"]
     clients["sagemaker"].delete_endpoint(EndpointName="bad-config")
+
+
+def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
+    local: dict[str, str], tiny_model: Path, cpu_image: BuiltImage, clients: dict[str, Any]
+) -> None:
+    """``lmforge deploy`` with no --image: lmforge's cpu image in the account's ECR; missing there, the
+    deploy stops before uploading and says how to get it there, and --build-image builds and pushes it."""
+    from lmforge import __version__
+
+    region = "eu-west-1"  # a region whose ECR has no lmforge image yet
+    env = {**local, "AWS_DEFAULT_REGION": region}
+    args = ("deploy", str(tiny_model), "--endpoint-name", "shipped", "--instance-type", "ml.m5.xlarge")
+    refused = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 1
+    assert (
+        "lmforge-cpu" in refused.stderr
+        and "not in ECR yet" in refused.stderr
+        and "--build-image" in refused.stderr
+    )
+    assert "[3/5]" not in refused.stderr, "nothing is uploaded before the image is known to be there"
+
+    shipped = _lmforge(*args, "--build-image", env=env, timeout=900)
+    uri = f"123456789012.dkr.ecr.{region}.amazonaws.com/lmforge-cpu:{__version__}"
+    assert f"image {uri}" in shipped.stderr and "shipped: InService" in shipped.stdout
+    status = _lmforge("local", "status", env=env).stdout
+    assert f"shipped/AllTraffic: image mode, image {uri}" in status
+    _lmforge("delete", "shipped", env=env)
