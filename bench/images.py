@@ -35,7 +35,7 @@ from typing import Any
 
 from lmforge.bench.results import machine, versions
 from lmforge.container.base import build_base
-from lmforge.container.build import build_flavour
+from lmforge.container.build import build_flavour, resolve_base
 from lmforge.container.engine import ContainerEngine, detect
 from lmforge.container.flavours import load_flavour
 
@@ -75,16 +75,9 @@ def container_start(engine: ContainerEngine, image: str, model: Path) -> float:
     """Seconds from ``run`` to /ping 200 (the published port, as SageMaker maps 8080)."""
     port = _free_port()
     name = f"lmforge-bench-{port}"
-    args = [
-        engine.binary,
-        *engine.run_args(),
-        "--detach",
-        "--name",
-        name,
-        "--publish",
-        f"127.0.0.1:{port}:8080",
-    ]
-    args += ["--volume", f"{model}:/opt/ml/model:ro", *(f"--env={k}={v}" for k, v in ENV.items())]
+    args = engine.argv(*engine.run_args(), "--detach", "--name", name, "--shm-size", "1g")
+    args += ["--publish", f"127.0.0.1:{port}:8080", "--volume", f"{model}:/opt/ml/model:ro"]
+    args += [f"--env={k}={v}" for k, v in ENV.items()]
     started = time.monotonic()
     subprocess.run([*args, image, "serve"], check=True, capture_output=True)
     try:
@@ -152,7 +145,6 @@ def measure_flavour(engine: ContainerEngine, name: str, model: Path, repeats: in
             "process_median_s": round(p, 2),
             "ratio": round(c / p, 3),
         }
-    engine.untag(tag)
     return out
 
 
@@ -165,17 +157,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
     args = parser.parse_args(argv)
-    engine = detect(args.engine)
+    main_engine = detect(args.engine)
     flavours = [f.strip() for f in args.flavours.split(",") if f.strip()]
-    if any(not engine.image_exists(load_flavour(f).base_image) for f in flavours):
-        build_base(engine, _say)
+    bases = {resolve_base(main_engine, load_flavour(f), None)[0] for f in flavours}
+    if any(not main_engine.image_exists(b) for b in bases):
+        bases = {build_base(main_engine, _say)}
     from lmforge.models.example import write_example_model
 
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="lmforge-bench-images-") as tmp:
         model = write_example_model(Path(tmp) / "model")
-        for name in flavours:
-            results.append(measure_flavour(engine, name, model, args.repeats))
+        # podman: a store of its own, holding only the base images, so that "cold" is cold and the
+        # rebuild finds exactly the layers the cold build made (docker: --no-cache in its own store)
+        engine = main_engine.with_store(Path(tmp) / "store") if main_engine.kind == "podman" else main_engine
+        for base in bases:
+            if engine is not main_engine:
+                archive = Path(tmp) / "base.tar"
+                main_engine.save(base, archive)
+                engine.run_cli(["load", "--input", str(archive)], what=f"loading {base}")
+                archive.unlink()
+        try:
+            for name in flavours:
+                results.append(measure_flavour(engine, name, model, args.repeats))
+        finally:
+            if engine is not main_engine:
+                engine.run_cli(["system", "reset", "--force"], what="removing the bench's image store")
     by = {r["flavour"]: r for r in results}
     checks = {}
     if "cpu" in by:
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "name": NAME,
         "command": ["python", "bench/images.py", *(argv if argv is not None else sys.argv[1:])],
-        "engine": {"kind": engine.kind, "version": engine.version()},
+        "engine": {"kind": main_engine.kind, "version": main_engine.version(), "separate_store": True},
         "machine": machine(),
         "versions": versions(),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -117,7 +117,7 @@ class ImageRun:
             args += ["--publish", f"127.0.0.1:{self.port}:8080"]
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
-        self.engine._run([*args, self.image.tag, "serve"], what=f"starting {self.image.tag}")
+        self.engine.run_cli([*args, self.image.tag, "serve"], what=f"starting {self.image.tag}")
         return self
 
     def wait_for_ping(self, timeout: float) -> list[int]:
@@ -140,10 +140,10 @@ class ImageRun:
         raise AssertionError(f"/ping never answered 200 (saw {seen}):\n{self.logs()}")
 
     def exec(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
-        return self.engine._run(["exec", self.name, *cmd])
+        return self.engine.run_cli(["exec", self.name, *cmd])
 
     def logs(self) -> str:
-        proc = self.engine._run(["logs", self.name])
+        proc = self.engine.run_cli(["logs", self.name])
         return (proc.stdout or "") + (proc.stderr or "") if proc.returncode == 0 else self.saved_logs
 
     def stop(self, grace_s: int = 30) -> int | None:

@@ -63,7 +63,7 @@ def test_no_build_secret_is_left_in_any_layer(cpu_image: BuiltImage) -> None:
                             assert marker not in content.read(), f"{name} holds a build secret"
                             scanned += 1
     assert scanned > 1000
-    history = cpu_image.engine._run(["history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image.tag])
+    history = cpu_image.engine.run_cli(["history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image.tag])
     assert not re.search(
         r"http://127\.0\.0\.1:\d+/p\d+/|index-url|find-links|lmforge-build-secret", history.stdout
     )

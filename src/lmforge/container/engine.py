@@ -71,6 +71,15 @@ class ContainerEngine:
     binary: str
     buildx: bool = False
     """docker only: the buildx plugin is installed."""
+    global_args: tuple[str, ...] = ()
+    """Put before every command (podman's ``--root``/``--runroot`` for a separate image store)."""
+
+    def with_store(self, root: Path) -> ContainerEngine:
+        """The same podman with its own image store under ``root`` (empty: no cached layers)."""
+        if self.kind != "podman":
+            raise EngineError("a separate image store needs podman")
+        args = ("--root", str(root / "storage"), "--runroot", str(root / "run"))
+        return ContainerEngine(self.kind, self.binary, self.buildx, args)
 
     # ----- commands
     def _run(
@@ -84,7 +93,7 @@ class ContainerEngine:
         timeout: float | None = None,
         what: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        cmd = [self.binary, *args]
+        cmd = self.argv(*args)
         if echo is not None:
             echo("$ " + " ".join(cmd))
         try:
@@ -105,6 +114,10 @@ class ContainerEngine:
                 f"{what} failed ({self.kind} exit code {proc.returncode})" + (f":\n{last}" if last else "")
             )
         return proc
+
+    def run_cli(self, args: Sequence[str], *, what: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Any engine command (captured); EngineError naming ``what`` when it fails."""
+        return self._run(args, what=what)
 
     def version(self) -> str:
         proc = self._run(["version", "--format", "{{.Client.Version}}"])
@@ -203,6 +216,10 @@ class ContainerEngine:
         return self._run(["healthcheck", "run", container]).returncode == 0
 
     # ----- containers
+    def argv(self, *args: str) -> list[str]:
+        """The full command line of ``args`` (binary and global arguments first)."""
+        return [self.binary, *self.global_args, *args]
+
     def run_args(self) -> list[str]:
         """``run`` with ulimits this process may grant."""
         return ["run", *ulimit_args()]

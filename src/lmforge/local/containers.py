@@ -264,7 +264,7 @@ class ImageContainer(Container):
         env_file = self.folder / "container.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in self.env.items() if "\n" not in v))
         env_file.chmod(0o600)
-        cmd = [engine.binary, *engine.run_args(), "--rm", "--name", self.name]
+        cmd = engine.argv(*engine.run_args(), "--rm", "--name", self.name)
         cmd += ["--label", f"{OWNER_LABEL}={self.owner}", "--env-file", str(env_file)]
         cmd += ["--volume", f"{self.model_dir}:/opt/ml/model:ro"]
         for folder in self.mounts:
