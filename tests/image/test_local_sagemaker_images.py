@@ -108,7 +108,9 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
         assert "mode: images" in status and f"{name}/AllTraffic: image mode, image {pushed}" in status
         running = cpu_image.engine.containers("dev.lmforge.local")
         assert running, "the endpoint's instance is a container"
-        labels = cpu_image.engine.run_cli(["inspect", "--format", "{{json .Config.Labels}}", running[0]]).stdout
+        labels = cpu_image.engine.run_cli(
+            ["inspect", "--format", "{{json .Config.Labels}}", running[0]]
+        ).stdout
         assert "accept-bind-to-port" in labels, "the container runs the pushed image"
 
         from lmforge.client import iter_stream_objects
@@ -123,7 +125,9 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
 
         from lmforge.local.containers import memory_limit
 
-        memory = cpu_image.engine.run_cli(["inspect", "--format", "{{.HostConfig.Memory}}", running[0]]).stdout
+        memory = cpu_image.engine.run_cli(
+            ["inspect", "--format", "{{.HostConfig.Memory}}", running[0]]
+        ).stdout
         assert int(memory.strip()) == memory_limit(16), "ml.m5.xlarge's 16 GiB, scaled to this machine"
 
         # an instance that dies is replaced (the watchdog starts the image again)
