@@ -147,7 +147,7 @@ def _is_adapter(desc: dict[str, Any]) -> bool:
 
 
 def _aws(exc: Exception) -> Exception:
-    from lmforge.cli.deploy_cmd import aws_error
+    from lmforge.cli.common import aws_error
 
     return aws_error(exc)
 
@@ -240,7 +240,7 @@ def _add_component(
     wait: bool,
     timeout: int,
 ) -> None:
-    from lmforge.cli.upload_cmd import default_bucket, region_or_fail
+    from lmforge.cli.common import default_bucket, region_or_fail
     from lmforge.deploy.endpoints import sagemaker_client
 
     region = region_or_fail(region)
@@ -337,7 +337,7 @@ def _cell(value: Any) -> str:
 
 
 def _list_components(endpoint: str, region: str | None) -> list[dict[str, Any]]:
-    from lmforge.cli.upload_cmd import region_or_fail
+    from lmforge.cli.common import region_or_fail
     from lmforge.deploy.endpoints import sagemaker_client
 
     sm = sagemaker_client(region_or_fail(region))
@@ -388,7 +388,7 @@ def remove_command(
         click.echo(f"{name}: removed")
         return
     assert endpoint is not None
-    from lmforge.cli.upload_cmd import region_or_fail
+    from lmforge.cli.common import region_or_fail
     from lmforge.deploy.endpoints import sagemaker_client
 
     try:

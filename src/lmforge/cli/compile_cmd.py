@@ -89,7 +89,7 @@ def compile_command(
             raise click.ClickException(str(exc)) from None
         write_serving_properties(model_dir, target, plan)
         if output.startswith("s3://"):
-            from lmforge.cli.upload_cmd import region_or_fail, upload_model
+            from lmforge.cli.common import region_or_fail, upload_model
 
             upload_model(target, output, region_or_fail(None), "prefix")
     click.echo(output)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
+from lmforge.cli.common import container_engine, push_flavour, region_or_fail
 from lmforge.cli.progress import note
 from lmforge.container.flavours import FLAVOURS
 
@@ -17,26 +17,6 @@ _ENGINE = click.option(
     default=None,
     help="Container engine [default: $LMFORGE_CONTAINER_ENGINE, else podman if it answers, else docker].",
 )
-
-
-def _engine(choice: str | None) -> Any:
-    from lmforge.container.engine import EngineError, detect
-
-    try:
-        return detect(choice)
-    except EngineError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _ecr(region: str | None) -> tuple[Any, str, str]:
-    """(an ECR client, the account id, the region) for the credentials boto3 finds."""
-    import boto3
-
-    from lmforge.cli.upload_cmd import region_or_fail
-
-    region = region_or_fail(region)
-    account = boto3.client("sts", region_name=region).get_caller_identity()["Account"]
-    return boto3.client("ecr", region_name=region), str(account), region
 
 
 @click.group("container")
@@ -76,7 +56,7 @@ def base_command(engine: str | None, rebuild: bool) -> None:
     from lmforge.container.engine import EngineError
 
     try:
-        tag = build_base(_engine(engine), note, rebuild=rebuild)
+        tag = build_base(container_engine(engine), note, rebuild=rebuild)
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(tag)
@@ -113,7 +93,7 @@ def build_command(
         check_buildable(flavour, allow_no_gpu=allow_no_gpu)
     except (FlavourError, EngineError) as exc:
         raise click.ClickException(str(exc)) from None
-    chosen = _engine(engine)
+    chosen = container_engine(engine)
     try:
         result = build_flavour(
             flavour,
@@ -132,7 +112,7 @@ def build_command(
         f"base {result.base_image})"
     )
     if push:
-        click.echo(_push(chosen, flavour, result.tag, None, region))
+        click.echo(push_flavour(chosen, flavour, result.tag, None, region))
         return
     click.echo(result.tag)
     note("Next:")
@@ -140,43 +120,6 @@ def build_command(
     note(
         f"  lmforge container push {flavour}    # to the account's ECR (or the local ECR of lmforge local up)"
     )
-
-
-def _repository(option: str | None, flavour: str, account: str, region: str) -> Any:
-    """The ECR repository ``lmforge-FLAVOUR`` under ``--repository`` (a registry, maybe with a prefix)."""
-    from lmforge.container.publish import EcrRepository, ecr_host, parse_repository
-    from lmforge.deploy.images import lmforge_repository
-
-    if not option:
-        return EcrRepository(ecr_host(account, region), lmforge_repository(flavour))
-    host, _, prefix = option.strip().rstrip("/").partition("/")
-    if parse_repository(f"{host}/x") is None:
-        raise click.BadParameter(
-            f"{option!r} is not an ECR registry (ACCOUNT.dkr.ecr.REGION.amazonaws.com[/PREFIX])",
-            param_hint="--repository",
-        )
-    return EcrRepository(
-        host, f"{prefix}/{lmforge_repository(flavour)}" if prefix else lmforge_repository(flavour)
-    )
-
-
-def _push(engine: Any, flavour: str, local: str, repository: str | None, region: str | None) -> str:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from lmforge import __version__
-    from lmforge.cli.deploy_cmd import aws_error
-    from lmforge.container.engine import EngineError
-    from lmforge.container.publish import push_to_ecr
-
-    try:
-        ecr, account, region = _ecr(region)
-        repo = _repository(repository, flavour, account, region)
-        note(f"pushing {local} to {repo.uri}:{__version__}")
-        return push_to_ecr(engine, ecr, local, repo, __version__, note)
-    except EngineError as exc:
-        raise click.ClickException(str(exc)) from None
-    except (BotoCoreError, ClientError) as exc:
-        raise aws_error(exc) from None
 
 
 @container_group.command("push")
@@ -197,7 +140,7 @@ def push_command(
     DescribeImages. With `lmforge local up`'s environment, this is the local ECR."""
     from lmforge.container.flavours import image_name
 
-    uri = _push(_engine(engine), flavour, local or image_name(flavour), repository, region)
+    uri = push_flavour(container_engine(engine), flavour, local or image_name(flavour), repository, region)
     click.echo(uri)
     note(f"Next: lmforge deploy MODEL_DIR --endpoint-name NAME --instance-type TYPE --image {uri}")
     note("      (or leave --image out: lmforge deploy picks this image for the backend by itself)")
@@ -214,7 +157,6 @@ def image_uri_command(
 ) -> None:
     """Print the image that serves MODEL_DIR: lmforge's flavour for its backend in the account's ECR,
     or (--aws) the matching AWS LMI image."""
-    from lmforge.cli.upload_cmd import region_or_fail
     from lmforge.config import ConfigError, load_config
     from lmforge.deploy.images import ImageError, choose_image, image_problem
 
@@ -224,9 +166,9 @@ def image_uri_command(
         raise click.ClickException(f"invalid configuration:\n{exc}") from None
     region = region_or_fail(region)
     if account is None and not aws_image:
-        import boto3
+        from lmforge.cli.common import account_id
 
-        account = str(boto3.client("sts", region_name=region).get_caller_identity()["Account"])
+        account = account_id(region)
     try:
         choice = choose_image("lmi" if aws_image else "lmforge", config, instance_type, region, account or "")
     except ImageError as exc:

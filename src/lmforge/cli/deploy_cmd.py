@@ -13,9 +13,18 @@ from typing import Any
 
 import click
 
-from lmforge.cli.local_cmd import where
+from lmforge.cli.common import (
+    ARTIFACT_FORMAT,
+    account_id,
+    aws_error,
+    container_engine,
+    default_bucket,
+    push_flavour,
+    region_or_fail,
+    upload_model,
+    where,
+)
 from lmforge.cli.progress import note as _echo
-from lmforge.cli.upload_cmd import ARTIFACT_FORMAT, default_bucket, region_or_fail, upload_model
 
 
 def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -161,12 +170,10 @@ def _image(
 ) -> str:
     """The image to deploy, refused before anything is uploaded when it cannot serve ``config``; lmforge's
     default image is checked in ECR (and built and pushed with ``build``)."""
-    import boto3
-
     from lmforge.deploy.images import ImageError, choose_image, image_problem
 
     try:
-        account = str(boto3.client("sts", region_name=region).get_caller_identity()["Account"])
+        account = account_id(region)
         choice = choose_image(option, config, instance_type, region, account)
     except ImageError as exc:
         raise click.ClickException(str(exc)) from None
@@ -208,32 +215,17 @@ def _ensure_in_ecr(uri: str, flavour: str, region: str, build: bool, engine: str
             f"  lmforge container build {flavour} && lmforge container push {flavour}\n"
             f"or pass --build-image to do both now, or --image lmi for AWS's LMI image"
         )
-    from lmforge.cli.container_cmd import _engine, _push
     from lmforge.container.build import build_flavour
     from lmforge.container.engine import EngineError
 
-    chosen = _engine(engine)
+    chosen = container_engine(engine)
     _echo(f"      {uri} is not in ECR: building and pushing it (--build-image)")
     try:
         result = build_flavour(flavour, chosen, _echo)
     except EngineError as exc:
         raise click.ClickException(str(exc)) from None
     prefix = repo.name.rpartition("/")[0]
-    _push(chosen, flavour, result.tag, f"{repo.host}/{prefix}" if prefix else repo.host, region)
-
-
-def aws_error(exc: Exception) -> Exception:
-    """A boto3/botocore failure as a one-line CLI error; anything else unchanged."""
-    from botocore.exceptions import NoCredentialsError
-
-    if isinstance(exc, NoCredentialsError):
-        return click.ClickException(
-            "no AWS credentials: configure them (aws configure, AWS_PROFILE), or deploy to the local "
-            'SageMaker: eval "$(lmforge local up --print-env)"'
-        )
-    if type(exc).__module__.startswith(("botocore", "boto3")):
-        return click.ClickException(f"AWS refused the request: {exc}")
-    return exc
+    push_flavour(chosen, flavour, result.tag, f"{repo.host}/{prefix}" if prefix else repo.host, region)
 
 
 def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path | None, force: bool) -> Any:

@@ -15,16 +15,6 @@ _STATE_DIR = click.option(
 )
 
 
-def where() -> str:
-    """Which SageMaker boto3 will talk to, in words."""
-    url = os.environ.get("AWS_ENDPOINT_URL_SAGEMAKER") or os.environ.get("AWS_ENDPOINT_URL")
-    if url and url.startswith(("http://127.", "http://localhost")):
-        return f"the local SageMaker at {url}"
-    if url:
-        return f"the SageMaker API at {url}"
-    return "AWS SageMaker"
-
-
 @click.group("local")
 def local_group() -> None:
     """Run a local SageMaker (S3, the control plane and the runtime) that real boto3 clients talk to."""
