@@ -12,13 +12,11 @@ packed and uploaded content-addressed first. Works against AWS or the local Sage
 
 from __future__ import annotations
 
-import http.client
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
 
 import click
 
@@ -35,48 +33,24 @@ def _target(url: str | None, endpoint: str | None) -> str:
 
 
 # ----------------------------------------------------------------------------- server (--url)
-def _server(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One call to the server's adapters API; its error as a one-line ClickException."""
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(f"{url!r} is not an http(s)://HOST:PORT URL", param_hint="--url")
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parts.hostname, parts.port, timeout=300)
-    full = parts.path.rstrip("/") + path
+def _server(url: str, model: str | None) -> Any:
+    """The adapters API client of ``url`` (LMI's /models/MODEL form with ``model``)."""
+    from lmforge.client.adapters import AdaptersClient
+
     try:
-        data = None if body is None else json.dumps(body).encode()
-        conn.request(method, full, body=data, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        raw = response.read()
-    except OSError as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc}") from None
-    finally:
-        conn.close()
+        return AdaptersClient(url, model=model)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--url") from None
+
+
+def _api(call: Any) -> Any:
+    """Run one adapters API call; its refusal as a one-line ClickException."""
+    from lmforge.client.adapters import AdaptersApiError
+
     try:
-        answer = json.loads(raw) if raw else {}
-    except ValueError:
-        answer = {"message": raw.decode("utf-8", errors="replace").strip()[:300]}
-    if not isinstance(answer, dict):
-        answer = {"message": str(answer)}
-    if response.status != 200:
-        message = answer.get("message") or response.reason
-        field = f" [{answer['param']}]" if answer.get("param") else ""
-        raise click.ClickException(f"{method} {full}: {response.status} {message}{field}")
-    return answer
-
-
-def _prefix(model: str | None) -> str:
-    return f"/models/{quote(model, safe='')}/adapters" if model else "/adapters"
-
-
-def _server_list(url: str, model: str | None) -> list[dict[str, Any]]:
-    adapters: list[dict[str, Any]] = []
-    token: str | None = "0"
-    while token is not None:
-        page = _server(url, "GET", f"{_prefix(model)}?{urlencode({'limit': 1000, 'next_page_token': token})}")
-        adapters += page.get("adapters", [])
-        token = page.get("nextPageToken")
-    return adapters
+        return call()
+    except AdaptersApiError as exc:
+        raise click.ClickException(exc.message) from None
 
 
 # ----------------------------------------------------------------------------- endpoint (--endpoint)
@@ -208,9 +182,8 @@ def add_command(
         assert url is not None
         if base_component:
             raise click.UsageError("--base-component goes with --endpoint")
-        answer = _server(
-            url, "POST", _prefix(model), {"name": name, "src": src, "preload": preload, "pin": pin}
-        )
+        client = _server(url, model)
+        answer = _api(lambda: client.register(name, src, preload=preload, pin=pin))
         adapter = answer.get("adapter") or {}
         click.echo(f"{name}: registered from {adapter.get('src', src)} (rank {adapter.get('rank', '?')})")
         return
@@ -308,7 +281,8 @@ def list_command(
     rows: list[dict[str, Any]]
     if _target(url, endpoint) == "url":
         assert url is not None
-        rows = _server_list(url, model)
+        client = _server(url, model)
+        rows = _api(client.list)
         columns = ("name", "rank", "pin", "src")
     else:
         assert endpoint is not None
@@ -384,7 +358,8 @@ def remove_command(
     """Deregister adapter NAME (--url), or delete the adapter inference component NAME (--endpoint)."""
     if _target(url, endpoint) == "url":
         assert url is not None
-        _server(url, "DELETE", f"{_prefix(model)}/{quote(name, safe='')}")
+        client = _server(url, model)
+        _api(lambda: client.remove(name))
         click.echo(f"{name}: removed")
         return
     assert endpoint is not None

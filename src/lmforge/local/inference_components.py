@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lmforge.local.moto_ext import EndpointHooks
+    from lmforge.local.hooks import EndpointHooks
 
 
 @dataclass

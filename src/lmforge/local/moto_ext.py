@@ -22,23 +22,11 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
+
+from lmforge.local.hooks import EndpointHooks
 
 _PATCHED = "_lmforge_patched"
-
-
-class EndpointHooks(Protocol):
-    """What the control plane tells the runtime (the provisioner implements it)."""
-
-    def endpoint_created(self, backend: Any, endpoint: Any) -> None: ...
-
-    def endpoint_updating(self, backend: Any, endpoint: Any, endpoint_config_name: str) -> None: ...
-
-    def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None: ...
-
-    def component_created(self, backend: Any, component: Any) -> None: ...
-
-    def component_deleted(self, backend: Any, component: Any) -> None: ...
 
 
 def _moto() -> tuple[Any, Any, Any, Any]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.local import moto_ext
+from lmforge.local import ACCOUNT_ID, moto_ext
 from lmforge.local.provisioner import Provisioner
 from lmforge.local.runners import MODES, InstanceRunner
 from lmforge.local.runtime import RuntimeServer
@@ -31,7 +31,6 @@ from lmforge.local.runtime import RuntimeServer
 log = logging.getLogger("lmforge.local")
 
 STATE_FILE = "state.json"
-ACCOUNT_ID = "123456789012"  # moto's default account
 ROLE_NAME = "lmforge-local"
 
 

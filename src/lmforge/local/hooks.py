@@ -1,0 +1,22 @@
+"""What the local control plane tells the runtime: an endpoint or inference component was created,
+updated or deleted. The provisioner implements it; :mod:`lmforge.local.moto_ext` and
+:mod:`lmforge.local.inference_components` call it from inside moto's request handling (the calls
+must not block)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class EndpointHooks(Protocol):
+    """What the control plane tells the runtime (the provisioner implements it)."""
+
+    def endpoint_created(self, backend: Any, endpoint: Any) -> None: ...
+
+    def endpoint_updating(self, backend: Any, endpoint: Any, endpoint_config_name: str) -> None: ...
+
+    def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None: ...
+
+    def component_created(self, backend: Any, component: Any) -> None: ...
+
+    def component_deleted(self, backend: Any, component: Any) -> None: ...
