@@ -36,7 +36,7 @@ from typing import Any
 from lmforge.bench.results import machine, versions
 from lmforge.container.base import build_base
 from lmforge.container.build import build_flavour, resolve_base
-from lmforge.container.engine import ContainerEngine, detect
+from lmforge.container.engine import ContainerEngine, EngineError, detect
 from lmforge.container.flavours import load_flavour
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.models.example import write_example_model
 
     results = []
-    with tempfile.TemporaryDirectory(prefix="lmforge-bench-images-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="lmforge-bench-images-", ignore_cleanup_errors=True) as tmp:
         model = write_example_model(Path(tmp) / "model")
         # podman: a store of its own, holding only the base images, so that "cold" is cold and the
         # rebuild finds exactly the layers the cold build made (docker: --no-cache in its own store)
@@ -180,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
             for name in flavours:
                 results.append(measure_flavour(engine, name, model, args.repeats))
         finally:
-            if engine is not main_engine:
-                engine.run_cli(["system", "reset", "--force"], what="removing the bench's image store")
+            if engine is not main_engine:  # the folder goes with the temporary directory
+                try:
+                    engine.run_cli(["rmi", "--all", "--force"], what="emptying the bench's image store")
+                except EngineError as exc:
+                    _say(f"warning: {exc}")
     by = {r["flavour"]: r for r in results}
     checks = {}
     if "cpu" in by:
