@@ -5,8 +5,6 @@ engine, boto3 streaming from inside it, and images that cannot be had failing wi
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import subprocess
 import sys
 import time
@@ -17,60 +15,31 @@ from typing import Any
 import pytest
 
 from tests.image.conftest import BuiltImage
-from tests.utils import TEST_ENV
+from tests.local_sagemaker import REGION, boto3_clients, lmforge, local_sagemaker
 
 pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
 
-REGION = "us-west-2"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _lmforge(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, (
-        f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    )
-    return proc
 
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory, cpu_image: BuiltImage) -> Iterator[dict[str, str]]:
     state = tmp_path_factory.mktemp("local-images")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    base.update(TEST_ENV)
-    base["AWS_DEFAULT_REGION"] = REGION
-    base["LMFORGE_CONTAINER_ENGINE"] = cpu_image.engine.kind
-    up = _lmforge("local", "up", "--state-dir", str(state), "--mode", "image", "--print-env", env=base)
-    env = dict(base)
-    for line in up.stdout.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export ") :].partition("=")
-            env[key] = shlex.split(value)[0]
-    yield env
-    _lmforge("local", "down", "--state-dir", str(state), env=base)
+    with local_sagemaker(state, "image", LMFORGE_CONTAINER_ENGINE=cpu_image.engine.kind) as env:
+        yield env
     leftovers = cpu_image.engine.containers(f"dev.lmforge.local={state.resolve()}")
     assert leftovers == [], f"containers left after local down: {leftovers}"
 
 
 @pytest.fixture(scope="module")
-def clients(local: dict[str, str]) -> Iterator[dict[str, Any]]:
-    import boto3
-
-    saved = dict(os.environ)
-    os.environ.update(local)
-    try:
-        yield {name: boto3.client(name) for name in ("ecr", "sagemaker", "sagemaker-runtime")}
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+def clients(local: dict[str, str]) -> dict[str, Any]:
+    return boto3_clients(local, "ecr", "sagemaker", "sagemaker-runtime")
 
 
 @pytest.fixture(scope="module")
 def pushed(local: dict[str, str], cpu_image: BuiltImage, clients: dict[str, Any]) -> str:
     """``lmforge container push cpu --tag <the test image>``: its ECR URI."""
-    out = _lmforge("container", "push", "cpu", "--tag", cpu_image.tag, env=local)
+    out = lmforge("container", "push", "cpu", "--tag", cpu_image.tag, env=local)
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -104,7 +73,7 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "matches the stream: True" in proc.stderr
     try:
-        status = _lmforge("local", "status", env=local).stdout
+        status = lmforge("local", "status", env=local).stdout
         assert "mode: images" in status and f"{name}/AllTraffic: image mode, image {pushed}" in status
         running = cpu_image.engine.containers("dev.lmforge.local")
         assert running, "the endpoint's instance is a container"
@@ -258,9 +227,9 @@ def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
     )
     assert "[3/5]" not in refused.stderr, "nothing is uploaded before the image is known to be there"
 
-    shipped = _lmforge(*args, "--build-image", env=env, timeout=900)
+    shipped = lmforge(*args, "--build-image", env=env, timeout=900)
     uri = f"123456789012.dkr.ecr.{region}.amazonaws.com/lmforge-cpu:{__version__}"
     assert f"image {uri}" in shipped.stderr and "shipped: InService" in shipped.stdout
-    status = _lmforge("local", "status", env=env).stdout
+    status = lmforge("local", "status", env=env).stdout
     assert f"shipped/AllTraffic: image mode, image {uri}" in status
-    _lmforge("delete", "shipped", env=env)
+    lmforge("delete", "shipped", env=env)

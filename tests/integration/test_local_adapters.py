@@ -10,76 +10,26 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.local_sagemaker import REGION, lmforge
 from tests.lora_utils import PeftReference, make_adapter
 from tests.utils import TEST_ENV, RemoteServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REGION = "us-west-2"
 ENDPOINT = "lora-endpoint"
 BASE = "lora-base"
 PROMPT = "def fibonacci(n):"
 NEW = 10
 BUCKET = "lora-artifacts"
-
-
-def _lmforge(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=300
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment a user gets from ``eval "$(lmforge local up --print-env)"``."""
-    state = tmp_path_factory.mktemp("local-sagemaker")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    base.update(TEST_ENV)
-    base["AWS_DEFAULT_REGION"] = REGION
-    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
-    up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
-    exports = {}
-    for line in up.stdout.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export ") :].partition("=")
-            exports[key] = shlex.split(value)[0]
-    yield {**base, **exports}
-    _lmforge("local", "down", "--state-dir", str(state), env=base)
-
-
-@pytest.fixture(scope="module")
-def clients(local: dict[str, str]) -> dict[str, Any]:
-    """Plain boto3 clients, configured only through the environment."""
-    import boto3
-    from botocore.config import Config
-
-    saved = dict(os.environ)
-    os.environ.update(local)
-    try:
-        session = boto3.session.Session()
-        cfg = Config(retries={"max_attempts": 1})
-        return {name: session.client(name, config=cfg) for name in ("sagemaker", "sagemaker-runtime", "s3")}
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
@@ -358,13 +308,13 @@ def test_cli_against_the_endpoint(
     """`lmforge adapter add NAME FOLDER --endpoint`: checked, uploaded, created, waited for."""
     smr = clients["sagemaker-runtime"]
     target = ("--endpoint", ENDPOINT)
-    added = _lmforge(
+    added = lmforge(
         "adapter", "add", "cli-a2", str(material["a2"]), *target, "--base-component", BASE, env=local
     )
     assert "cli-a2: InService (created)" in added.stdout
     assert "--inference-component cli-a2" in added.stderr and "upload" in added.stderr
     assert _tokens(smr, "cli-a2") == peft.greedy(PROMPT, NEW, "a2")
-    out = _lmforge(
+    out = lmforge(
         "invoke", ENDPOINT, PROMPT, "--inference-component", "cli-a2", "--max-new-tokens", "6", env=local
     )
     assert (
@@ -372,19 +322,19 @@ def test_cli_against_the_endpoint(
         == peft.tokenizer.decode(peft.greedy(PROMPT, 6, "a2"), skip_special_tokens=True).strip()
     )
 
-    again = _lmforge(
+    again = lmforge(
         "adapter", "add", "cli-a2", str(material["a2"]), *target, "--base-component", BASE, env=local
     )
     assert "(updated)" in again.stdout and "nothing sent" in again.stderr  # content-addressed upload
-    rows = json.loads(_lmforge("adapter", "list", *target, "--json", env=local).stdout)
+    rows = json.loads(lmforge("adapter", "list", *target, "--json", env=local).stdout)
     assert [(r["name"], r["base"], r["status"]) for r in rows] == [("cli-a2", BASE, "InService")]
     assert rows[0]["artifact"].startswith("s3://sagemaker-us-west-2-") and rows[0]["artifact"].endswith(
         ".tar.gz"
     )
-    table = _lmforge("adapter", "list", *target, env=local).stdout
+    table = lmforge("adapter", "list", *target, env=local).stdout
     assert table.split()[:4] == ["NAME", "BASE", "STATUS", "ARTIFACT"] and "cli-a2" in table
 
-    refused = _lmforge(
+    refused = lmforge(
         "adapter",
         "add",
         "cli-bad",
@@ -396,7 +346,7 @@ def test_cli_against_the_endpoint(
         check=False,
     )
     assert refused.returncode == 1 and "adapter_model.bin is not allowed" in refused.stderr
-    failed = _lmforge(
+    failed = lmforge(
         "adapter",
         "add",
         "cli-big",
@@ -410,14 +360,14 @@ def test_cli_against_the_endpoint(
     assert (
         failed.returncode == 1 and "cli-big Failed" in failed.stderr and "max_lora_rank=16" in failed.stderr
     )
-    _lmforge("adapter", "remove", "cli-big", *target, env=local)
-    not_adapter = _lmforge("adapter", "remove", BASE, *target, env=local, check=False)
+    lmforge("adapter", "remove", "cli-big", *target, env=local)
+    not_adapter = lmforge("adapter", "remove", BASE, *target, env=local, check=False)
     assert not_adapter.returncode == 1 and "not an adapter inference component" in not_adapter.stderr
 
-    removed = _lmforge("adapter", "remove", "cli-a2", *target, env=local)
+    removed = lmforge("adapter", "remove", "cli-a2", *target, env=local)
     assert "cli-a2: deleted" in removed.stdout
-    assert json.loads(_lmforge("adapter", "list", *target, "--json", env=local).stdout) == []
-    usage = _lmforge("adapter", "list", env=local, check=False)
+    assert json.loads(lmforge("adapter", "list", *target, "--json", env=local).stdout) == []
+    usage = lmforge("adapter", "list", env=local, check=False)
     assert usage.returncode == 2 and "--url" in usage.stderr and "--endpoint" in usage.stderr
 
 
@@ -432,9 +382,9 @@ def test_cli_against_a_server(material: dict[str, Path], peft: PeftReference, tm
     env = {**os.environ, **TEST_ENV}
     with RemoteServer(model) as srv:
         url = ("--url", srv.url)
-        added = _lmforge("adapter", "add", "x1", str(roots / "a1"), *url, env=env)
+        added = lmforge("adapter", "add", "x1", str(roots / "a1"), *url, env=env)
         assert "x1: registered" in added.stdout and "rank 8" in added.stdout
-        rows = json.loads(_lmforge("adapter", "list", *url, "--model", "model", "--json", env=env).stdout)
+        rows = json.loads(lmforge("adapter", "list", *url, "--model", "model", "--json", env=env).stdout)
         assert [(r["name"], r["rank"], r["src"]) for r in rows] == [("x1", 8, str(roots / "a1"))]
         body = {
             "inputs": PROMPT,
@@ -444,21 +394,21 @@ def test_cli_against_a_server(material: dict[str, Path], peft: PeftReference, tm
         answer = httpx.post(srv.url + "/invocations", json=body, timeout=60).json()
         assert [t["id"] for t in answer["details"]["tokens"]] == peft.greedy(PROMPT, NEW, "a1")
 
-        bad = _lmforge("adapter", "add", "x2", str(roots / "pickled"), *url, env=env, check=False)
+        bad = lmforge("adapter", "add", "x2", str(roots / "pickled"), *url, env=env, check=False)
         assert bad.returncode == 1
         assert (
             "400" in bad.stderr
             and "adapter_model.bin is not allowed" in bad.stderr
             and "Traceback" not in bad.stderr
         )
-        outside = _lmforge("adapter", "add", "x3", "/etc", *url, env=env, check=False)
+        outside = lmforge("adapter", "add", "x3", "/etc", *url, env=env, check=False)
         assert outside.returncode == 1 and "outside the allowed" in outside.stderr
 
-        assert "x1: removed" in _lmforge("adapter", "remove", "x1", *url, env=env).stdout
-        again = _lmforge("adapter", "remove", "x1", *url, env=env, check=False)
+        assert "x1: removed" in lmforge("adapter", "remove", "x1", *url, env=env).stdout
+        again = lmforge("adapter", "remove", "x1", *url, env=env, check=False)
         assert again.returncode == 1 and "404" in again.stderr and "'x1'" in again.stderr
         assert len(again.stderr.strip().splitlines()) == 1
-    gone = _lmforge("adapter", "list", "--url", srv.url, env=env, check=False)
+    gone = lmforge("adapter", "list", "--url", srv.url, env=env, check=False)
     assert gone.returncode == 1 and "cannot reach" in gone.stderr
 
 

@@ -13,86 +13,23 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.utils import TEST_ENV
+from tests.local_sagemaker import REGION, base_env, lmforge, parse_exports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REGION = "us-west-2"
 PROMPT = "def fibonacci(n):"
-
-
-def _lmforge(
-    *args: str, env: dict[str, str], check: bool = True, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
-
-
-def _parse_exports(text: str) -> dict[str, str]:
-    import shlex
-
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("export "):
-            key, _, value = line[len("export ") :].partition("=")
-            out[key] = shlex.split(value)[0]
-    return out
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The environment a user gets from ``eval "$(lmforge local up --print-env)"``."""
-    state = tmp_path_factory.mktemp("local-sagemaker")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    base.update(TEST_ENV)
-    base["AWS_DEFAULT_REGION"] = REGION
-    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
-    up = _lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base)
-    env = {**base, **_parse_exports(up.stdout)}
-    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
-    yield env
-    _lmforge("local", "down", "--state-dir", str(state), env=base)
-    assert not (state / "state.json").exists()
-
-
-@pytest.fixture(scope="module")
-def clients(local: dict[str, str]) -> dict[str, Any]:
-    """Plain boto3 clients, configured only through the environment (no endpoint_url in code)."""
-    import boto3
-    from botocore.config import Config
-
-    saved = dict(os.environ)
-    os.environ.update(local)  # botocore reads AWS_ENDPOINT_URL* when a client is made
-    try:
-        session = boto3.session.Session()
-        cfg = Config(retries={"max_attempts": 1})
-        return {name: session.client(name, config=cfg) for name in ("sagemaker", "sagemaker-runtime", "s3")}
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
 def endpoint(local: dict[str, str], tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tiny model deployed with ``lmforge deploy`` (validate, plan, package, upload, create, wait)."""
     name = "tiny-llm"
-    out = _lmforge(
+    out = lmforge(
         "deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.2xlarge", env=local
     )
     assert f"{name}: InService (created)" in out.stdout
@@ -147,7 +84,7 @@ def test_deploy_then_stream_equals_non_streamed(endpoint: str, clients: dict[str
 def test_cli_invoke_streams_the_same_text(
     endpoint: str, local: dict[str, str], clients: dict[str, Any]
 ) -> None:
-    out = _lmforge("invoke", endpoint, PROMPT, "--stream", "--max-new-tokens", "12", "--details", env=local)
+    out = lmforge("invoke", endpoint, PROMPT, "--stream", "--max-new-tokens", "12", "--details", env=local)
     resp = clients["sagemaker-runtime"].invoke_endpoint(
         EndpointName=endpoint,
         Body=json.dumps({"inputs": PROMPT, "parameters": {"max_new_tokens": 12}}),
@@ -202,7 +139,7 @@ def test_container_death_mid_stream_is_a_model_stream_error(
     from botocore.exceptions import EventStreamError
 
     name = "dies-mid-stream"
-    _lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.m5.xlarge", env=local)
+    lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.m5.xlarge", env=local)
     smr = clients["sagemaker-runtime"]
     resp = smr.invoke_endpoint_with_response_stream(
         EndpointName=name,
@@ -227,7 +164,7 @@ def test_container_death_mid_stream_is_a_model_stream_error(
             assert time.monotonic() < deadline, "the container was not restarted"
             time.sleep(0.5)
     assert clients["sagemaker"].describe_endpoint(EndpointName=name)["EndpointStatus"] == "InService"
-    _lmforge("delete", name, env=local)
+    lmforge("delete", name, env=local)
 
 
 def _boto3_endpoint(clients: dict[str, Any], role: str, name: str, archive: Path, instance_type: str) -> None:
@@ -274,20 +211,20 @@ def test_invalid_model_ends_failed_with_a_reason(
         clients["sagemaker-runtime"].invoke_endpoint(
             EndpointName="bad-endpoint", Body=b"{}", ContentType="application/json"
         )
-    refused = _lmforge(
+    refused = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
         env=local,
         check=False,
     )
     assert refused.returncode == 1 and "--replace" in refused.stderr
     assert "[3/5]" not in refused.stderr  # refused before packing or uploading anything
-    replaced = _lmforge(
+    replaced = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
         "--replace",
         env=local,
     )
     assert "bad-endpoint: InService (created)" in replaced.stdout
-    _lmforge("delete", "bad-endpoint", env=local)
+    lmforge("delete", "bad-endpoint", env=local)
 
 
 def test_update_then_delete(
@@ -297,11 +234,11 @@ def test_update_then_delete(
     the prefix (uncompressed) form serves too; delete stops the container."""
     sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
     name = "updated-llm"
-    _lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge", env=local)
+    lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge", env=local)
     first = sm.describe_endpoint(EndpointName=name)
     first_pid = _container_pid(local, name)
 
-    out = _lmforge(
+    out = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
         *("--artifact-format", "prefix", "--env", "OPTION_MAX_ROLLING_BATCH_SIZE=4"),
         env=local,
@@ -323,14 +260,14 @@ def test_update_then_delete(
     )
     assert "generated_text" in json.loads(resp["Body"].read())
 
-    again = _lmforge(
+    again = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
         *("--artifact-format", "prefix"),
         env=local,
     )
     assert "nothing sent" in again.stderr
 
-    _lmforge("delete", name, env=local)
+    lmforge("delete", name, env=local)
     _wait_gone(_container_pid(local, name))
     with pytest.raises(sm.exceptions.ClientError):
         sm.describe_endpoint(EndpointName=name)
@@ -357,7 +294,7 @@ def test_deploy_refuses_a_plan_that_does_not_fit(
     shutil.copytree(tiny_model, model)
     props = (model / "serving.properties").read_text()
     (model / "serving.properties").write_text(props + "option.max_rolling_batch_size=100000\n")
-    out = _lmforge(
+    out = lmforge(
         "deploy",
         str(model),
         "--endpoint-name",
@@ -512,16 +449,16 @@ def test_inference_components(
 
 
 def test_upload_prints_model_data_and_skips_known_content(local: dict[str, str], tiny_model: Path) -> None:
-    first = _lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
+    first = lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
     data = json.loads(first.stdout)
     assert data["ModelDataUrl"].startswith("s3://uploads-test/models/") and data["ModelDataUrl"].endswith(
         ".tar.gz"
     )
     assert "created bucket s3://uploads-test" in first.stderr
-    again = _lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
+    again = lmforge("upload", str(tiny_model), "s3://uploads-test/models", env=local)
     assert json.loads(again.stdout) == data and "nothing sent" in again.stderr
     prefix = json.loads(
-        _lmforge(
+        lmforge(
             "upload", str(tiny_model), "s3://uploads-test/m", "--artifact-format", "prefix", env=local
         ).stdout
     )
@@ -539,7 +476,7 @@ def test_names_sagemaker_refuses_are_refused(
             EndpointConfigName="ok-name",
             ProductionVariants=[{"VariantName": "../x", "ModelName": "m", "InstanceType": "ml.g5.xlarge"}],
         )
-    out = _lmforge(
+    out = lmforge(
         "deploy",
         str(tiny_model),
         "--endpoint-name",
@@ -578,17 +515,14 @@ def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
     stopped by the next `up`."""
     import socket
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    base.update(TEST_ENV)
-    base["AWS_DEFAULT_REGION"] = REGION
-    base["LMFORGE_LOCAL_MODE"] = "process"  # lmforge's server as a host process (tests/image runs images)
+    base = base_env(LMFORGE_LOCAL_MODE="process")
     state = tmp_path / "state"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         started = time.monotonic()
-        out = _lmforge("local", "up", "--state-dir", str(state), "--port", str(port), env=base, check=False)
+        out = lmforge("local", "up", "--state-dir", str(state), "--port", str(port), env=base, check=False)
         assert out.returncode == 1 and "in use" in out.stderr and time.monotonic() - started < 20
 
     procs = [
@@ -601,17 +535,17 @@ def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=60)[0] for p in procs]
-    envs = [_parse_exports(o) for o in outs]
+    envs = [parse_exports(o) for o in outs]
     assert envs[0]["AWS_ENDPOINT_URL"] == envs[1]["AWS_ENDPOINT_URL"]
     env = {**base, **envs[0]}
-    _lmforge(
+    lmforge(
         "deploy", str(tiny_model), "--endpoint-name", "orphan", "--instance-type", "ml.g5.xlarge", env=env
     )
     server_pid = json.loads((state / "state.json").read_text())["pid"]
     container_pid = _container_pid(env, "orphan")
     os.kill(server_pid, signal.SIGKILL)
     _wait_gone(server_pid)
-    again = _parse_exports(_lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base).stdout)
+    again = parse_exports(lmforge("local", "up", "--state-dir", str(state), "--print-env", env=base).stdout)
     _wait_gone(container_pid, timeout=10)
     assert not (state / "endpoints" / "orphan").exists()
-    _lmforge("local", "down", "--state-dir", str(state), env={**base, **again})
+    lmforge("local", "down", "--state-dir", str(state), env={**base, **again})

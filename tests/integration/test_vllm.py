@@ -73,6 +73,33 @@ def served(
         server.stop()
 
 
+_BROKEN: set[int] = set()
+"""ids of module servers a test broke on purpose (see ``breakable``)."""
+
+
+@pytest.fixture(autouse=True)
+def _healthy(request: pytest.FixtureRequest) -> None:
+    """A test that uses the shared server gets a healthy one: one broken by an earlier test is
+    started again first, so no test depends on running before or after a destructive one."""
+    if "served" not in request.fixturenames:
+        return
+    server, _ = request.getfixturevalue("served")
+    if id(server) in _BROKEN:
+        server.stop()
+        server.start()
+        server.wait_for_ping(200, 400)
+        _BROKEN.discard(id(server))
+
+
+@pytest.fixture
+def breakable(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
+    """The shared server, for a test that breaks it: the next test that needs it gets it restarted."""
+    yield served
+    _BROKEN.add(id(served[0]))
+
+
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(line) for _, line in stream_lines(url + "/invocations", body)]
 
@@ -237,11 +264,11 @@ def test_invalid_vllm_option_fails_at_start(tiny_model: Path, tmp_path: Path, en
     assert "option.enable_chunked_prefill = 'maybe'" in logs
 
 
-def test_zz_engine_death_makes_ping_unhealthy(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     """Kill vLLM's engine-core process: /ping turns 503 and a request in flight ends with an error."""
     import psutil
 
-    server, _ = served
+    server, _ = breakable
     assert server.proc is not None
     children = psutil.Process(server.proc.pid).children(recursive=True)
     core = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]

@@ -1,0 +1,81 @@
+"""What the local-SageMaker tests share: the ``lmforge`` CLI as a user runs it, the environment a
+user gets from ``eval "$(lmforge local up --print-env)"``, and boto3 clients made only from that
+environment. The fixtures themselves are in tests/integration/conftest.py."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.utils import TEST_ENV
+
+REGION = "us-west-2"
+
+
+def lmforge(
+    *args: str, env: dict[str, str], check: bool = True, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m lmforge ARGS`` with ``env``; AssertionError with its output when it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def parse_exports(text: str) -> dict[str, str]:
+    """The variables of ``lmforge local up --print-env`` output."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("export "):
+            key, _, value = line[len("export ") :].partition("=")
+            out[key] = shlex.split(value)[0]
+    return out
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """This process's environment without AWS settings, plus the test settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(TEST_ENV)
+    env["AWS_DEFAULT_REGION"] = REGION
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def local_sagemaker(state: Path, mode: str = "process", **extra: str) -> Iterator[dict[str, str]]:
+    """A local SageMaker in ``state`` (``lmforge local up --mode MODE``), stopped on exit."""
+    base = base_env(**extra)
+    up = lmforge("local", "up", "--state-dir", str(state), "--mode", mode, "--print-env", env=base)
+    env = {**base, **parse_exports(up.stdout)}
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    try:
+        yield env
+    finally:
+        lmforge("local", "down", "--state-dir", str(state), env=base)
+    assert not (state / "state.json").exists()
+
+
+def boto3_clients(env: dict[str, str], *names: str) -> dict[str, Any]:
+    """Plain boto3 clients, configured only through ``env`` (no endpoint_url in code)."""
+    import boto3
+    from botocore.config import Config
+
+    saved = dict(os.environ)
+    os.environ.update(env)  # botocore reads AWS_ENDPOINT_URL* when a client is made
+    try:
+        session = boto3.session.Session()
+        cfg = Config(retries={"max_attempts": 1})
+        return {name: session.client(name, config=cfg) for name in names}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
