@@ -3,8 +3,9 @@ container vs the same server as a host process.
 
 For each flavour built here (cpu, vllm-cpu; the GPU flavours need a GPU machine):
 
-* ``cold_build_s``: ``lmforge container build FLAVOUR --no-cache`` (every layer, every pip download
-  through the building machine's package index; the base image is already there);
+* ``cold_build_s``: ``lmforge container build FLAVOUR`` in an image store of its own (podman
+  ``--root``) that holds only the base image: every layer, every pip download through the building
+  machine's package index;
 * ``size_bytes``: what the engine reports for the image;
 * ``rebuild_src_s``: a second build after one line of ``src/`` changed (a copy of the tree, so the
   checkout is untouched): the dependency layers must come from the cache;
@@ -227,9 +228,10 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         "## Container images (`bench/images.py`, `make bench-images`)",
         "",
-        f"Built with {result['engine']['kind']} {result['engine']['version']} on the base named per row; "
-        "cold = `--no-cache` (every pip download through the building machine's index), rebuild = after a "
-        "one-line change in `src/`. Start = `run` to `/ping` 200 on the tiny model vs the same entrypoint "
+        f"Built with {result['engine']['kind']} {result['engine']['version']} on the base named per row, in "
+        "an image store of the benchmark's own that holds only that base: cold = the first build (every pip "
+        "download through the building machine's index), rebuild = the next build after a one-line change "
+        "in `src/`. Start = `run` to `/ping` 200 on the tiny model vs the same entrypoint "
         f"as a host process (median). Goals: cpu <= {goals['cpu_size_gb']} GB, vllm-cpu <= "
         f"{goals['vllm_cpu_size_gb']} GB, rebuild <= {goals['rebuild_src_s']:.0f} s, start ratio <= "
         f"{goals['start_ratio']}. Result: `bench/results/{result['name']}.json`.",
