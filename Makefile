@@ -26,9 +26,10 @@ install: $(STAMP)
 test: install
 	$(BIN)/python -m pytest -q
 
-# the inner loop: no vLLM engine, no load tests, no image builds
+# the inner loop (about a minute): unit tests and the in-process HTTP contract; no server processes,
+# no vLLM engine, no load tests, no image builds
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not vllm and not load and not image"
+	$(BIN)/python -m pytest -q -m "not integration and not vllm and not load and not image and not gpu"
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
