@@ -170,10 +170,9 @@ def test_an_image_that_cannot_be_had_fails_with_the_reason(
     from lmforge.artifacts import package_model
 
     archive = package_model(tiny_model, tmp_path / "model.tar.gz").output
-    import boto3
 
     name = "unpullable-" + ("lmi" if "djl" in image else "ecr")
-    s3 = boto3.client("s3", endpoint_url=local["AWS_ENDPOINT_URL"], region_name=REGION)
+    s3 = boto3_clients(local, "s3")["s3"]
     s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.upload_file(str(archive), name, "model.tar.gz")
     desc = _deploy_raw(clients, name, image, f"s3://{name}/model.tar.gz")
@@ -187,8 +186,6 @@ def test_a_container_that_fails_to_start_ends_failed_with_its_log(
 ) -> None:
     import shutil
 
-    import boto3
-
     from lmforge.artifacts import package_model
 
     bad = tmp_path / "bad"
@@ -197,7 +194,7 @@ def test_a_container_that_fails_to_start_ends_failed_with_its_log(
         "option.rolling_batch=lmi-dist\noption.max_rolling_batch_size=-3\n"
     )
     archive = package_model(bad, tmp_path / "bad.tar.gz", validate=False).output
-    s3 = boto3.client("s3", endpoint_url=local["AWS_ENDPOINT_URL"], region_name=REGION)
+    s3 = boto3_clients(local, "s3")["s3"]
     s3.create_bucket(Bucket="bad-config", CreateBucketConfiguration={"LocationConstraint": REGION})
     s3.upload_file(str(archive), "bad-config", "model.tar.gz")
     desc = _deploy_raw(clients, "bad-config", pushed, "s3://bad-config/model.tar.gz")
