@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lmforge.config import ServingConfig
-from lmforge.engines.trtllm.plan import BuildPlan, PlanError, make_plan
+from lmforge.engines.trtllm.plan import BuildPlan, BuildPlanError, make_plan
 
 HF = {
     "architectures": ["LlamaForCausalLM"],
@@ -130,13 +130,13 @@ def test_lora_plan(tmp_path: Path) -> None:
 def test_invalid_plans_are_refused(
     tmp_path: Path, fields: dict[str, Any], extra: dict[str, str], arch: str, words: str
 ) -> None:
-    with pytest.raises(PlanError, match="invalid TensorRT-LLM build plan") as info:
+    with pytest.raises(BuildPlanError, match="invalid TensorRT-LLM build plan") as info:
         _plan(tmp_path, extra, arch=arch, **fields)
     assert words in str(info.value)
 
 
 def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(BuildPlanError) as info:
         _plan(tmp_path, {"kv_cache_dtype": "fp4", "bogus": "1"}, tensor_parallel_degree=3, quantize="gptq")
     assert str(info.value).count("\n  ") == 4
 

@@ -110,12 +110,12 @@ def check_weights(
 ) -> tuple[list[LoraShape], int]:
     """Every tensor must be ``<layer>.lora_A.weight`` [r, in] or ``<layer>.lora_B.weight`` [out, r] of a
     linear layer of the base model, both present for each layer. Returns the layers and the file size."""
-    from lmforge.deploy.plan import PlanError, read_safetensors_header
+    from lmforge.hf import ModelFileError, read_safetensors_header
 
     path = folder / WEIGHTS_FILE
     try:
         tensors = read_safetensors_header(path)
-    except PlanError as exc:
+    except ModelFileError as exc:
         raise AdapterError(str(exc).replace(str(folder) + os.sep, ""), param="src") from None
     rank = int(config["r"])
     factors: dict[str, dict[str, tuple[int, ...]]] = {}

@@ -37,7 +37,7 @@ def compile_command(
         plan = trt_plan.make_plan(
             resolved.config, resolved.extra_options, arch=gpu_arch or trt_plan.gpu_arch()
         )
-    except trt_plan.PlanError as exc:
+    except trt_plan.BuildPlanError as exc:
         note(f"error: {exc}")
         raise SystemExit(2) from None
     if dry_run:

@@ -44,7 +44,7 @@ _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 FP8_MIN_SM = 89  # Ada / Hopper and newer
 
 
-class PlanError(LmforgeError):
+class BuildPlanError(LmforgeError):
     """A build plan TensorRT-LLM cannot compile; the message lists every problem."""
 
     kind = "model_error"
@@ -285,7 +285,7 @@ def make_plan(
     trtllm_version: str | None = None,
     device_count: int | None = None,
 ) -> BuildPlan:
-    """The build plan for ``config``; :class:`PlanError` lists every problem at once."""
+    """The build plan for ``config``; :class:`BuildPlanError` lists every problem at once."""
     opts, problems = parse_options(extra_options)
     hf = _model_config(config)
     model_id = str(config.model_id or config.model_dir or "")
@@ -378,7 +378,7 @@ def make_plan(
     if not 0.0 < opts.kv_cache_free_gpu_mem_fraction <= 1.0:
         problems.append("option.kv_cache_free_gpu_mem_fraction must be in (0, 1]")
     if problems:
-        raise PlanError("invalid TensorRT-LLM build plan:\n  " + "\n  ".join(problems))
+        raise BuildPlanError("invalid TensorRT-LLM build plan:\n  " + "\n  ".join(problems))
     architectures = hf.get("architectures") or ["unknown"]
     return BuildPlan(
         model_id=model_id,

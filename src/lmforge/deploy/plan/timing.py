@@ -1,0 +1,101 @@
+"""Start-up timing: how long the model data takes to download and load and the engine to start (and
+TensorRT-LLM to compile), and SageMaker's two start-up timeouts suggested from that."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmforge.config.schema import ServingConfig
+from lmforge.deploy.plan.model import Notes
+
+#: Assumed S3 -> instance download throughput, bytes/s. Conservative: aws-cli/boto3 class speed
+#: (s5cmd reaches GB/s, a single boto3 stream often much less).
+DOWNLOAD_BYTES_PER_S = 150e6
+#: Assumed weight load throughput from local disk into GPU memory, bytes/s (plain safetensors loaders
+#: measure ~1 GB/s; halved for EBS-backed volumes and sharded loads).
+LOAD_BYTES_PER_S = 500e6
+#: Fixed start-up cost per backend: container start, Python imports, engine processes, KV-cache
+#: profiling. vLLM captures CUDA graphs unless enforce_eager (its eager start on 2 CPU cores measured
+#: 40-70 s); ``auto`` is costed as vLLM, which it picks when installed.
+STARTUP_FIXED_S = 30.0
+ENGINE_START_S = {"lmi-dist": 30.0, "vllm": 90.0, "auto": 90.0, "trtllm": 60.0}
+VLLM_EAGER_START_S = 60.0
+#: TensorRT-LLM just-in-time engine build: a base cost plus a cost per billion parameters; anchored on
+#: LMI's note that a 70B model takes about 7 minutes or more (120 + 4 x 70 = 400 s).
+TRT_COMPILE_BASE_S = 120.0
+TRT_COMPILE_S_PER_BILLION_PARAMS = 4.0
+#: Margin applied to the estimated times before rounding.
+TIMEOUT_MARGIN = 1.25
+#: SageMaker's accepted range for ContainerStartupHealthCheckTimeoutInSeconds and
+#: ModelDataDownloadTimeoutInSeconds.
+TIMEOUT_MIN_S = 60
+TIMEOUT_MAX_S = 3600
+
+
+def round_timeout(seconds: float) -> int:
+    rounded = math.ceil(seconds * TIMEOUT_MARGIN / 60) * 60
+    return min(TIMEOUT_MAX_S, max(TIMEOUT_MIN_S, rounded))
+
+
+def is_compiled_trt(folder: Path | None, config_json: dict[str, Any]) -> bool:
+    """A TensorRT-LLM engine folder (the backend's own test), or LMI's older Triton model repository."""
+    from lmforge.engines.trtllm.compile import is_compiled
+
+    if "build_config" in config_json:
+        return True
+    if folder is None or not folder.is_dir():
+        return False
+    return is_compiled(folder) or any(folder.glob("*/config.pbtxt"))
+
+
+@dataclass(frozen=True)
+class Timings:
+    download_s: float
+    load_s: float
+    start_s: float
+    compile_s: float
+    health_check_timeout_s: int
+    download_timeout_s: int
+
+
+def timings(
+    config: ServingConfig,
+    *,
+    download_bytes: int,
+    weights_bytes: int,
+    parameters: int,
+    config_json: dict[str, Any],
+    notes: Notes,
+) -> Timings:
+    """The start-up times and the timeouts suggested from them (TIMEOUT_MARGIN added, rounded up to
+    minutes, within SageMaker's range)."""
+    rolling_batch = config.rolling_batch
+    weights_folder = config.model_path
+    download_s = download_bytes / DOWNLOAD_BYTES_PER_S
+    load_s = weights_bytes / LOAD_BYTES_PER_S
+    start_s = ENGINE_START_S.get(rolling_batch, STARTUP_FIXED_S)
+    if rolling_batch in ("vllm", "auto") and config.enforce_eager:
+        start_s = VLLM_EAGER_START_S
+    compile_s = 0.0
+    if rolling_batch == "trtllm" and not is_compiled_trt(weights_folder, config_json):
+        compile_s = TRT_COMPILE_BASE_S + TRT_COMPILE_S_PER_BILLION_PARAMS * parameters / 1e9
+        notes.warnings.append(
+            f"TensorRT-LLM will compile the model at start-up (estimated {compile_s:.0f} s); compile ahead "
+            "of time and deploy the engine to skip it"
+        )
+    health = round_timeout(download_s + load_s + compile_s + start_s)
+    if (download_s + load_s + compile_s + start_s) * TIMEOUT_MARGIN > TIMEOUT_MAX_S:
+        notes.warnings.append(
+            f"start-up may take longer than SageMaker's {TIMEOUT_MAX_S} s limit: use faster storage "
+            "(uncompressed S3 prefix, s5cmd) or an ahead-of-time compiled model"
+        )
+    if load_s + start_s > config.model_loading_timeout:
+        notes.warnings.append(
+            f"option.model_loading_timeout ({config.model_loading_timeout} s) may be too short for loading "
+            f"(estimated {load_s + start_s:.0f} s)"
+        )
+
+    return Timings(download_s, load_s, start_s, compile_s, health, round_timeout(download_s))
