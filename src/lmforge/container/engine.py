@@ -296,9 +296,8 @@ def detect(preferred: str | None = None) -> ContainerEngine:
             continue
         ok, why = _answers(binary)
         if not ok:
-            problems.append(
-                f"{kind}: {why}" + (" (is the Docker daemon running?)" if kind == "docker" else "")
-            )
+            hint = " (is the Docker daemon running?)" if kind == "docker" and "running" not in why else ""
+            problems.append(f"{kind}: {why}{hint}")
             continue
         return ContainerEngine(kind, binary, buildx=kind == "docker" and _has_buildx(binary))
     raise EngineError("no container engine answers (" + "; ".join(problems) + "): " + INSTALL_HINT)

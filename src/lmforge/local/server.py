@@ -50,7 +50,7 @@ class LocalSageMaker:
     def start(self) -> None:
         from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
-        from lmforge.container.engine import available
+        from lmforge.container.engine import available, detect
         from lmforge.local import ecr
         from lmforge.local.registry import LocalRegistry, RegistryError
 
@@ -71,6 +71,8 @@ class LocalSageMaker:
         host, port = self._moto.get_host_and_port()
         self.control_url = f"http://{host}:{port}"
         engine = available(self.engine)
+        if engine is None and self.mode == "image":
+            detect(self.engine)  # raises with what is missing
         self.runner = InstanceRunner(
             self.mode, engine, state_dir=self.state_dir, account=ACCOUNT_ID, registry=self.registry
         )
@@ -88,12 +90,16 @@ class LocalSageMaker:
         self.runtime_url = self._runtime.url
 
     def stop(self) -> None:
-        self.provisioner.shutdown()
-        self._runtime.shutdown()
-        self._runtime.server_close()
-        self._moto.stop()
-        if self.registry is not None:
-            self.registry.stop()
+        """Stop what :meth:`start` started (all of it, or the part it got to before failing)."""
+        if (provisioner := getattr(self, "provisioner", None)) is not None:
+            provisioner.shutdown()
+        if (runtime := getattr(self, "_runtime", None)) is not None:
+            runtime.shutdown()
+            runtime.server_close()
+        if (moto := getattr(self, "_moto", None)) is not None:
+            moto.stop()
+        if (registry := getattr(self, "registry", None)) is not None:
+            registry.stop()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -147,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         local.start()
     except Exception as exc:  # e.g. --mode image without an engine: say so in the log `up` reads
         log.error("the local SageMaker could not start: %s", exc)
+        local.stop()
         return 3
     state_path = local.state_dir / STATE_FILE
     tmp = state_path.with_suffix(".tmp")
