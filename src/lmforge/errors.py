@@ -18,7 +18,8 @@ class ErrorKind:
     description: str
 
 
-#: Error kind -> HTTP status. This is the single source of truth; docs/errors.md is generated from it.
+#: Error kind -> HTTP status. This is the single source of truth; docs/errors.md is generated from it
+#: (``python -m lmforge.errors``; a test keeps them equal).
 ERROR_TABLE: dict[str, ErrorKind] = {
     "bad_request": ErrorKind(400, "bad_request", "the body or a parameter is invalid; `param` names it"),
     "not_found": ErrorKind(404, "not_found", "no such route or resource"),
@@ -141,3 +142,53 @@ def error_for_status(status: int | None, message: str) -> LmforgeError:
         if ERROR_TABLE[cls.kind].status == status:
             return cls(message)
     return ModelError(message)
+
+
+def _error_classes() -> dict[str, list[str]]:
+    """Error kind -> the names of the exception classes that carry it."""
+    out: dict[str, list[str]] = {kind: [] for kind in ERROR_TABLE}
+    pending: list[type[LmforgeError]] = [LmforgeError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__ == __name__ and cls is not LmforgeError:
+            out[cls.kind].append(cls.__name__)
+    return out
+
+
+def render_errors_markdown() -> str:
+    """docs/errors.md: every error kind with its status, type, meaning and exception classes."""
+    classes = _error_classes()
+    lines = [
+        "# Errors",
+        "",
+        "<!-- Generated from lmforge.errors.ERROR_TABLE by `python -m lmforge.errors`; do not edit by hand.",
+        "     tests/unit/test_errors.py fails when this file differs from the table. -->",
+        "",
+        'Every failure leaves the server as JSON `{"code", "type", "message", "param"}` with the status',
+        "below; `param` names the field at fault where there is one. A failure after a stream has started",
+        'is the stream\'s last line instead (`finish_reason: "error"`), because the status line is gone.',
+        "A 503 for `overloaded` carries `Retry-After`. Behind SageMaker, a status other than 200 reaches",
+        "the client as a `ModelError` (424) with the container's status in `OriginalStatusCode`.",
+        "",
+        "| status | type | meaning | raised as |",
+        "| --- | --- | --- | --- |",
+    ]
+    for kind, entry in ERROR_TABLE.items():
+        raised = ", ".join(f"`{name}`" for name in sorted(classes[kind])) or "-"
+        lines.append(f"| {entry.status} | `{entry.type}` | {entry.description} | {raised} |")
+    lines += [
+        "",
+        "Anything else a model or handler raises becomes `model_error` (424) with the exception's class",
+        "and first line only, no traceback; out-of-memory errors (`MemoryError`, `torch.OutOfMemoryError`,",
+        '"out of memory" messages) become `out_of_memory` (507).',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    Path("docs/errors.md").write_text(render_errors_markdown(), encoding="utf-8")
+    print("wrote docs/errors.md")

@@ -58,3 +58,15 @@ def test_error_for_status() -> None:
     assert error_for_status(400, "x").status == 400
     assert error_for_status(503, "x").status == 503
     assert error_for_status(None, "x").status == 424
+
+
+def test_docs_errors_is_generated_from_the_table() -> None:
+    from pathlib import Path
+
+    from lmforge.errors import ERROR_TABLE, render_errors_markdown
+
+    text = render_errors_markdown()
+    doc = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
+    assert doc.read_text(encoding="utf-8") == text, "run: python -m lmforge.errors"
+    for entry in ERROR_TABLE.values():
+        assert f"| {entry.status} | `{entry.type}` |" in text
