@@ -39,12 +39,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmforge.testing.server import TEST_ENV as ENV
+from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 NAME = "cold-start"
-sys.path.insert(0, str(ROOT))
-from tests.utils import TEST_ENV as ENV  # noqa: E402
-from tests.utils import VLLM_ENV, VLLM_PROPERTIES  # noqa: E402
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _PHASES = re.compile(r"lmi-dist startup phases \(s\): (.*)$")
@@ -167,8 +167,7 @@ def start_and_time(
 def _start_once(model: Path, env: dict[str, str], timeout: float) -> tuple[dict[str, Any], str, float]:
     import httpx
 
-    sys.path.insert(0, str(ROOT))
-    from tests.utils import free_port
+    from lmforge.testing.server import free_port
 
     port = free_port()
     log_path = model.parent / f"serve-{port}.log"

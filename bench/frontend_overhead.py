@@ -28,12 +28,12 @@ from typing import Any
 
 import httpx
 
+from lmforge.testing.server import TEST_ENV, VLLM_ENV, RemoteServer, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 NAME = "frontend-overhead-vllm"
 
-from tests.utils import TEST_ENV, VLLM_ENV, RemoteServer, free_port  # noqa: E402
 
 MAX_SEQS = 64
 KV_CACHE_MB = 256

@@ -2,7 +2,7 @@
 
 Engine only (no HTTP), the tiny example model, fp32, torch on one thread, greedy, 64 new tokens per
 request, 8 requests at once. For 1, 10 and 100 registered adapters (rank 8 on all seven projection
-layers, like tests/lora_utils.make_adapter) it measures:
+layers, like lmforge.testing.lora.make_adapter) it measures:
 
 * TPOT (time per output token after the first) for the base model, for one resident adapter shared by
   all requests, and for up to 8 distinct resident adapters mixed in one batch;
@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 NAME = "lora-lmi-dist"
 NEW_TOKENS = 64
@@ -40,7 +38,8 @@ def write_adapters(model: Path, out: Path, count: int) -> list[Path]:
     """``count`` adapters: one made by PEFT, the rest the same layout with fresh random factors."""
     import torch
     from safetensors.torch import load_file, save_file
-    from tests.lora_utils import make_adapter
+
+    from lmforge.testing.lora import make_adapter
 
     first = make_adapter(model, out / "ad0", seed=0)
     template = load_file(str(first / "adapter_model.safetensors"))

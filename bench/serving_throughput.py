@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lmforge.testing.server import RemoteServer
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 
-from tests.utils import RemoteServer  # noqa: E402
 
 LEVELS = [(1, 8), (8, 32), (32, 64)]  # (concurrency, requests)
 INPUT_LEN = 16

@@ -189,8 +189,7 @@ class Server:
     """bench/noop_server.py in its own process (``bare``: the minimal ASGI app on uvicorn, the floor)."""
 
     def __init__(self, model: Path, *, bare: bool = False) -> None:
-        sys.path.insert(0, str(ROOT))
-        from tests.utils import free_port
+        from lmforge.testing.server import free_port
 
         self.port = free_port()
         cmd = [sys.executable, str(ROOT / "bench" / "noop_server.py"), str(model), "--port", str(self.port)]

@@ -5,7 +5,8 @@
 # what to install. Used by .ci/run and `make demo-image`; safe to run again.
 set -euo pipefail
 need=()
-command -v podman >/dev/null 2>&1 || command -v docker >/dev/null 2>&1 || need+=(podman buildah runc)
+# a docker CLI with no daemon behind it (common in CI images) does not count as an engine
+command -v podman >/dev/null 2>&1 || { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; } || need+=(podman buildah runc)
 command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 command -v docker-registry >/dev/null 2>&1 || command -v registry >/dev/null 2>&1 || need+=(docker-registry)
 if [ ${#need[@]} -eq 0 ]; then

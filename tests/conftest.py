@@ -58,7 +58,7 @@ class Reference:
 @pytest.fixture(scope="session")
 def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three PEFT adapters for the tiny model: all layers r=8, attention only r=4, MLP only r=16."""
-    from tests.lora_utils import make_adapter
+    from lmforge.testing.lora import make_adapter
 
     root = tmp_path_factory.mktemp("adapters")
     return {

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.utils import TEST_ENV
+from lmforge.testing.server import TEST_ENV
 
 REGION = "us-west-2"
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.utils import TEST_ENV
+from lmforge.testing.server import TEST_ENV
 
 REQUIRE = os.environ.get("LMFORGE_REQUIRE_IMAGE_TESTS") == "1"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.utils import RemoteServer
+from lmforge.testing.server import RemoteServer
 
 pytestmark = [pytest.mark.integration]
 

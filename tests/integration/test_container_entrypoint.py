@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.utils import TEST_ENV, free_port
+from lmforge.testing.server import TEST_ENV, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lmforge.testing.server import TEST_ENV, RemoteServer
 from tests.conftest import Reference
-from tests.utils import TEST_ENV, RemoteServer
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from lmforge.testing.server import RemoteServer, metrics
 from tests.integration.test_lifecycle import with_properties
-from tests.utils import RemoteServer, metrics
 
 pytestmark = [pytest.mark.load, pytest.mark.integration]
 
@@ -980,7 +980,7 @@ def test_10000_malformed_bodies_over_one_connection_get_clear_4xx(load_server: R
 @pytest.mark.parametrize(
     ("content", "param", "words"),
     [
-        # each was a 424 (or named no field) before the fix in lmforge.handlers.protocol
+        # each was a 424 (or named no field) before the fix in lmforge.handlers.requests
         (b'{"inputs": "x", "parameters": {"stop": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "body", "nested"),
         (b'{"inputs": "x", "parameters": {"seed": ' + b"9" * 5000 + b"}}", "body", "digits"),
         (b'{"inputs": "x", "parameters": {"int": 1}}', "parameters.int", "parameters.int"),

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
+from lmforge.testing.lora import PeftReference, make_adapter
+from lmforge.testing.server import TEST_ENV, RemoteServer
 from tests.local_sagemaker import REGION, lmforge
-from tests.lora_utils import PeftReference, make_adapter
-from tests.utils import TEST_ENV, RemoteServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

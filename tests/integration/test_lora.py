@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.lora_utils import PeftReference, make_adapter
-from tests.utils import RemoteServer, metrics
+from lmforge.testing.lora import PeftReference, make_adapter
+from lmforge.testing.server import RemoteServer, metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

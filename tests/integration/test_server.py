@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lmforge.testing.server import RemoteServer, metrics, stream_lines
 from tests.conftest import Reference
-from tests.utils import RemoteServer, metrics, stream_lines
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 from lmforge.config import load_config
 from lmforge.engines.trtllm.compile import CompileError, ensure_engine, is_compiled
 from lmforge.engines.trtllm.plan import PLAN_FILE, make_plan
-from tests.utils import RemoteServer, metrics, stream_lines
+from lmforge.testing.server import RemoteServer, metrics, stream_lines
 
 pytestmark = [pytest.mark.integration]
 
@@ -362,7 +362,7 @@ def test_real_tensorrt_llm_serves_lora_adapters_like_peft(
     trtllm = pytest.importorskip("tensorrt_llm")
     if str(getattr(trtllm, "__file__", "")).startswith(str(FAKES)):
         pytest.skip("the fake TensorRT-LLM is on the path")
-    from tests.lora_utils import PeftReference
+    from lmforge.testing.lora import PeftReference
 
     folder = _model(tiny_model, tmp_path / "m", LORA_PROPS)
     props = (folder / "serving.properties").read_text().replace("option.dtype=fp16", "option.dtype=fp32")

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.utils import VLLM_ENV, VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
+from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lora_utils import PeftReference
-from tests.utils import VLLM_ENV, RemoteServer, metrics
+from lmforge.testing.lora import PeftReference
+from lmforge.testing.server import VLLM_ENV, RemoteServer, metrics
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]

@@ -203,7 +203,7 @@ def test_cli_argument_errors_are_clear(args: list[str], message: str) -> None:
 
 
 def test_cli_reports_an_unreachable_server_as_failed_requests(tmp_path: Path) -> None:
-    from tests.utils import free_port
+    from lmforge.testing.server import free_port
 
     out = tmp_path / "r.json"
     url = f"http://127.0.0.1:{free_port()}"

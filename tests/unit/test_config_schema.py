@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from lmforge.config import ConfigError, ResolvedConfig, ServingConfig, Source, load_config
-from lmforge.config.schema import expectation, properties_keys
+from lmforge.config.describe import expectation, properties_keys
 from lmforge.config.show import render_config
 from lmforge.config.sources import ALIAS_ENV, SAGEMAKER_ENV, env_key
 from lmforge.engines.reference import configuration_markdown as render_reference_markdown

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from lmforge.config import sources
-from lmforge.config.schema import ServingConfig, properties_keys, type_label
+from lmforge.config.describe import properties_keys, type_label
+from lmforge.config.schema import ServingConfig
 from lmforge.config.sources import ALIAS_ENV, SAGEMAKER_ENV, ResolvedConfig
 
 #: The precedence rules, written once in the docstring of :mod:`lmforge.config.sources`.

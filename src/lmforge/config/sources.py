@@ -35,8 +35,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from lmforge.config.describe import expectation, properties_keys
 from lmforge.config.properties import PropertiesSyntaxError, parse_properties
-from lmforge.config.schema import ServingConfig, expectation, properties_keys
+from lmforge.config.schema import ServingConfig
 
 PROPERTIES_FILE = "serving.properties"
 

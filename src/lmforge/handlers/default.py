@@ -12,7 +12,7 @@ from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRe
 from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers.io import Input, Output
-from lmforge.handlers.protocol import ParsedRequest, parse_body, parse_request
+from lmforge.handlers.requests import ParsedRequest, parse_body, parse_request
 
 if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
@@ -134,7 +134,7 @@ class DefaultHandler:
         media = self._media_type(req, inputs.get_property("accept"))
         prompt, add_special = self._prompt(req)
         request = GenerationRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=_request_id(inputs),
             prompt=prompt,
             params=req.params,
             add_special_tokens=add_special,
@@ -241,3 +241,17 @@ def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestErr
     names = {"parameters.max_new_tokens": req.length_field, "inputs": "messages"}
     param = names.get(err.param or "", err.param)
     return BadRequestError(err.message.replace("max_new_tokens", req.length_field), param=param)
+
+
+def _request_id(inputs: Input) -> str:
+    """The engine's id for a request: the client's (SageMaker's inference id, or X-Request-Id) when it
+    sends one, so engine logs can be matched to it, plus a unique suffix (ids must be unique in an
+    engine, and clients reuse theirs)."""
+    suffix = uuid.uuid4().hex
+    for header in REQUEST_ID_HEADERS:
+        given = inputs.get_property(header)
+        if given:
+            safe = "".join(c for c in given[:96] if c.isprintable() and not c.isspace())
+            if safe:
+                return f"{safe}-{suffix[:12]}"
+    return suffix

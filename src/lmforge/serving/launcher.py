@@ -124,7 +124,7 @@ def serve(
         timeout_keep_alive=75,
         h11_max_incomplete_event_size=4 * 2**20,
     )
-    server = _Server(uv_config, state)
+    server = make_server(uv_config, state)
     exit_code = {"code": 0}
 
     def on_load_failure(detail: str) -> None:
@@ -159,28 +159,40 @@ async def _deadline(state: ServerState, timeout_s: int, fail: Any) -> None:
         fail(state.detail)
 
 
-def _make_server_class() -> Any:
+def make_server(config: Any, state: ServerState) -> Any:
+    """A ``uvicorn.Server`` that drains before it stops and exits 0 after a clean SIGTERM shutdown.
+
+    uvicorn is imported here, not at module import; the class is made on the one call per process."""
+    import contextlib
+    import signal
+    import threading
+    from collections.abc import Iterator
+
     import uvicorn
 
-    class Server(uvicorn.Server):  # type: ignore[misc]
-        def __init__(self, config: Any, state: ServerState) -> None:
-            super().__init__(config)
-            self._state = state
-
+    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if self._state.phase in (Phase.READY, Phase.LOADING):
-                self._state.phase = Phase.DRAINING
-                self._state.detail = "shutting down"
-            if self._state.drain_deadline is None:
-                self._state.drain_deadline = time.monotonic() + END_IN_FLIGHT_S
+            if state.phase in (Phase.READY, Phase.LOADING):
+                state.phase = Phase.DRAINING
+                state.detail = "shutting down"
+            if state.drain_deadline is None:
+                state.drain_deadline = time.monotonic() + END_IN_FLIGHT_S
                 log.info("signal %d: draining in-flight requests (up to %d s)", sig, DRAIN_S)
             super().handle_exit(sig, frame)
-            # uvicorn re-raises captured signals after its shutdown, so the process would die by
-            # SIGTERM; a drained, clean shutdown exits 0 instead.
-            self._captured_signals.clear()
 
-    return Server
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own version raises the captured signal again after shutdown, so the process
+            # would die by SIGTERM; a drained, clean shutdown exits 0 instead.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
-
-def _Server(config: Any, state: ServerState) -> Any:
-    return _make_server_class()(config, state)
+    return DrainingServer(config)

@@ -10,7 +10,7 @@ import sys
 def main() -> int:
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
-    from lmforge.engines.lmi_dist.engine import build
+    from lmforge.engines.lmi_dist.loading import build
 
     logging.basicConfig(
         level=logging.WARNING, format=f"rank {os.environ.get('RANK')} %(levelname)s %(message)s"

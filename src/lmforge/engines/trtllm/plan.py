@@ -7,29 +7,46 @@ alpha and per-token/per-channel scaling, ``awq``, ``fp8``, ``int8_wo``/``int4_wo
 dtype), tensor/pipeline parallelism, paged KV cache, context FMHA and LoRA. Invalid combinations are
 refused with one message listing every problem, before anything is downloaded or compiled.
 
-The plan's :meth:`BuildPlan.cache_key` hashes all of it together with the model id and revision, the
+The plan itself (:class:`BuildPlan`, its cache key and rendering) is in :mod:`.buildplan`, the
+TensorRT-LLM-only options in :mod:`.options`; both are importable from here. The plan's
+:meth:`BuildPlan.cache_key` hashes all of it together with the model id and revision, the
 GPU architecture and the TensorRT-LLM version, so a changed option never reuses a stale engine (LMI
 keys its cache on model + TP + PP only).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmforge.errors import LmforgeError
+from lmforge.engines.trtllm.buildplan import PLAN_FILE, BuildPlan, BuildPlanError, read_plan
+from lmforge.engines.trtllm.options import TrtllmOptions, parse_options
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
 
+__all__ = [
+    "FP8_MIN_SM",
+    "KV_CACHE_ALGOS",
+    "PINNED_VERSION",
+    "PLAN_FILE",
+    "QUANT_ALGOS",
+    "BuildPlan",
+    "BuildPlanError",
+    "TrtllmOptions",
+    "fingerprint",
+    "gpu_arch",
+    "installed_version",
+    "make_plan",
+    "parse_options",
+    "read_plan",
+]
+
 PINNED_VERSION = "1.2.1"
-PLAN_FILE = "lmforge-trtllm-plan.json"
 
 #: option.quantize -> (TensorRT-LLM QuantAlgo, needs calibration data)
 QUANT_ALGOS: dict[str, tuple[str, bool]] = {
@@ -42,190 +59,6 @@ QUANT_ALGOS: dict[str, tuple[str, bool]] = {
 KV_CACHE_ALGOS = {"auto": None, "fp8": "FP8", "int8": "INT8"}
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 FP8_MIN_SM = 89  # Ada / Hopper and newer
-
-
-class BuildPlanError(LmforgeError):
-    """A build plan TensorRT-LLM cannot compile; the message lists every problem."""
-
-    kind = "model_error"
-
-
-@dataclass(frozen=True)
-class TrtllmOptions:
-    """TensorRT-LLM options that are not in lmforge's general schema (``option.<name>``), with LMI's
-    names and defaults."""
-
-    max_num_tokens: int = 16384
-    max_beam_width: int = 1
-    smoothquant_alpha: float = 0.8
-    smoothquant_per_token: bool = False
-    smoothquant_per_channel: bool = False
-    awq_block_size: int = 128
-    kv_cache_dtype: str = "auto"
-    use_paged_context_fmha: bool = True
-    enable_context_fmha: bool = True
-    enable_kv_cache_reuse: bool = False
-    kv_cache_free_gpu_mem_fraction: float = 0.9
-    calib_size: int = 512
-    use_custom_all_reduce: bool = True
-
-
-_RUNTIME_ONLY = frozenset({"enable_kv_cache_reuse", "kv_cache_free_gpu_mem_fraction"})
-_IGNORED = frozenset({"entryPoint", "model_dir"})
-
-
-def _typed(name: str, text: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes", "on"):
-            return True
-        if lowered in ("false", "0", "no", "off"):
-            return False
-        raise ValueError("expected true or false")
-    if isinstance(default, int):
-        value = int(text)
-        if value < 1:
-            raise ValueError("expected a positive integer")
-        return value
-    if isinstance(default, float):
-        return float(text)
-    return text.strip()
-
-
-def parse_options(extra: Mapping[str, str]) -> tuple[TrtllmOptions, list[str]]:
-    """The TensorRT-LLM options among ``extra`` (``option.*`` keys outside lmforge's schema) and the
-    problems with them (unknown names get the closest valid one)."""
-    defaults = TrtllmOptions()
-    known = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(TrtllmOptions)}
-    values: dict[str, Any] = {}
-    problems = []
-    for name, text in sorted(extra.items()):
-        if name in _IGNORED:
-            continue
-        key = name.replace("-", "_")
-        if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean option.{close[0]}?" if close else ""
-            problems.append(f"option.{name} is not a TensorRT-LLM option lmforge knows{hint}")
-            continue
-        try:
-            values[key] = _typed(key, text, known[key])
-        except ValueError as exc:
-            problems.append(f"option.{name} = {text!r}: {exc}")
-    return TrtllmOptions(**values), problems
-
-
-@dataclass(frozen=True)
-class BuildPlan:
-    """Everything that decides the compiled engine (and nothing that does not)."""
-
-    model_id: str
-    revision: str | None
-    model_fingerprint: str | None
-    """Hash of the source folder's config.json and weight files (names, sizes, mtimes): a folder
-    re-exported at the same path (every SageMaker model is /opt/ml/model) never reuses an engine."""
-    trust_remote_code: bool
-    architecture: str
-    dtype: str
-    tensor_parallel: int
-    pipeline_parallel: int
-    max_batch_size: int
-    max_input_len: int
-    max_seq_len: int
-    max_num_tokens: int
-    max_beam_width: int
-    quant_algo: str | None
-    kv_cache_quant_algo: str | None
-    smoothquant_alpha: float | None
-    awq_block_size: int | None
-    calib_size: int | None
-    paged_kv_cache: bool
-    context_fmha: bool
-    paged_context_fmha: bool
-    use_custom_all_reduce: bool
-    lora: bool
-    max_lora_rank: int | None
-    max_loras: int | None
-    gpu_arch: str | None
-    trtllm_version: str
-    runtime: dict[str, Any] = field(default_factory=dict, compare=False)
-    """Runtime-only settings (KV-cache memory fraction, block reuse): not part of the cache key."""
-
-    def build_fields(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.pop("runtime")
-        return out
-
-    def cache_key(self) -> str:
-        """Hash of every build-affecting field (model, revision, options, GPU arch, TRT-LLM version)."""
-        canonical = json.dumps(self.build_fields(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:24]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.build_fields(), "runtime": dict(self.runtime), "cache_key": self.cache_key()}
-
-    def build_config(self) -> dict[str, Any]:
-        """Keyword arguments for TensorRT-LLM's ``BuildConfig``."""
-        return {
-            "max_input_len": self.max_input_len,
-            "max_seq_len": self.max_seq_len,
-            "max_batch_size": self.max_batch_size,
-            "max_num_tokens": self.max_num_tokens,
-            "max_beam_width": self.max_beam_width,
-        }
-
-    def plugin_config(self) -> dict[str, Any]:
-        """Plugin settings (``BuildConfig.plugin_config``)."""
-        plugins: dict[str, Any] = {
-            "paged_kv_cache": self.paged_kv_cache,
-            "context_fmha": self.context_fmha,
-            "use_paged_context_fmha": self.paged_context_fmha,
-            "use_custom_all_reduce": self.use_custom_all_reduce,
-        }
-        if self.lora:
-            plugins["lora_plugin"] = self.dtype
-        return plugins
-
-    def quant_config(self) -> dict[str, Any]:
-        """Keyword arguments for TensorRT-LLM's ``QuantConfig`` (empty without quantization)."""
-        out: dict[str, Any] = {}
-        if self.quant_algo:
-            out["quant_algo"] = self.quant_algo
-        if self.kv_cache_quant_algo:
-            out["kv_cache_quant_algo"] = self.kv_cache_quant_algo
-        if self.smoothquant_alpha is not None:
-            out["smoothquant_val"] = self.smoothquant_alpha
-        if self.awq_block_size is not None:
-            out["group_size"] = self.awq_block_size
-        return out
-
-    def render(self) -> str:
-        rows = [
-            ("model", f"{self.model_id}" + (f" @ {self.revision}" if self.revision else "")),
-            ("architecture", self.architecture),
-            ("dtype", self.dtype),
-            ("parallel", f"tensor {self.tensor_parallel} x pipeline {self.pipeline_parallel}"),
-            (
-                "shapes",
-                f"batch {self.max_batch_size}, input {self.max_input_len}, seq {self.max_seq_len}, "
-                f"tokens/step {self.max_num_tokens}, beams {self.max_beam_width}",
-            ),
-            ("quantization", self.quant_algo or "none"),
-            ("KV cache", f"paged, {self.kv_cache_quant_algo or self.dtype}"),
-            (
-                "attention",
-                f"context FMHA {'on' if self.context_fmha else 'off'}, paged context FMHA "
-                f"{'on' if self.paged_context_fmha else 'off'}",
-            ),
-            ("LoRA", f"rank <= {self.max_lora_rank}, {self.max_loras} adapters" if self.lora else "off"),
-            ("GPU arch", self.gpu_arch or "the build machine's"),
-            ("TensorRT-LLM", self.trtllm_version),
-            ("cache key", self.cache_key()),
-        ]
-        if self.smoothquant_alpha is not None:
-            rows.insert(6, ("smoothquant", f"alpha {self.smoothquant_alpha}"))
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
 
 def _model_config(config: ServingConfig) -> dict[str, Any]:
@@ -451,13 +284,3 @@ def _device_count() -> int:
     except ImportError:
         return 1
     return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
-
-
-def read_plan(folder: Path) -> dict[str, Any] | None:
-    """The plan recorded in a compiled engine folder, or None."""
-    path = folder / PLAN_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

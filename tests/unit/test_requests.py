@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from lmforge.errors import BadRequestError
-from lmforge.handlers.protocol import parse_body, parse_request
+from lmforge.handlers.requests import parse_body, parse_request
 
 
 def parse(body: dict[str, object]):  # type: ignore[no-untyped-def]

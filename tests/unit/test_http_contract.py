@@ -1,0 +1,434 @@
+"""The HTTP contract in-process: the real ``App`` and default handler over ``httpx.ASGITransport``, on
+a scripted engine (:mod:`lmforge.testing.scripted`). No subprocess, no model weights: the answers are
+known exactly, so each test states the whole response. What needs real sockets (uvicorn, signals,
+disconnects, the real engines) stays in tests/integration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmforge.config import load_config
+from lmforge.errors import ERROR_TABLE
+from lmforge.handlers.default import DefaultHandler
+from lmforge.serving.app import App
+from lmforge.serving.state import Phase, ServerState
+from lmforge.testing.scripted import LOG_PROB, ScriptedEngine
+
+T = TypeVar("T")
+PROMPT = "def fibonacci(n):"
+
+
+class Served:
+    """One in-process server: its client, app, state and engine."""
+
+    def __init__(self, client: httpx.AsyncClient, app: App, engine: ScriptedEngine) -> None:
+        self.client = client
+        self.app = app
+        self.state = app.state
+        self.engine = engine
+
+    async def invoke(self, body: object, **kwargs: Any) -> httpx.Response:
+        return await self.client.post("/invocations", json=body, **kwargs)
+
+    async def raw(self, content: bytes, content_type: str = "application/json") -> httpx.Response:
+        return await self.client.post("/invocations", content=content, headers={"Content-Type": content_type})
+
+
+@contextlib.asynccontextmanager
+async def serve(model_dir: Path, properties: str = "", **engine_kwargs: Any) -> AsyncIterator[Served]:
+    """The server ``lmforge serve`` builds (config, default handler, App with its lifespan), minus
+    uvicorn: requests go straight into the ASGI app."""
+    folder = model_dir.parent / f"contract-{abs(hash((properties, tuple(engine_kwargs.items()))))}"
+    if not folder.exists():
+        folder.mkdir()
+        for item in model_dir.iterdir():
+            if item.name != "serving.properties":
+                (folder / item.name).symlink_to(item)
+        (folder / "serving.properties").write_text("option.rolling_batch=lmi-dist\n" + properties)
+    config = load_config(folder).config
+    engine = ScriptedEngine(config, **engine_kwargs)
+    state = ServerState(
+        max_in_flight=config.max_rolling_batch_size + config.job_queue_size,
+        max_request_size=config.max_request_size,
+    )
+    app = App(DefaultHandler(config, engine), state)
+    inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    lifespan = asyncio.create_task(app({"type": "lifespan"}, inbox.get, outbox.put))
+    await inbox.put({"type": "lifespan.startup"})
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    while state.phase == Phase.LOADING:  # the model loads in the background, as in `lmforge serve`
+        await asyncio.sleep(0.01)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://lmforge", timeout=30) as client:
+            yield Served(client, app, engine)
+    finally:
+        await inbox.put({"type": "lifespan.shutdown"})
+        assert (await outbox.get())["type"] == "lifespan.shutdown.complete"
+        await lifespan
+
+
+def run(model_dir: Path, scenario: Callable[[Served], Awaitable[T]], properties: str = "", **kw: Any) -> T:
+    async def main() -> T:
+        async with serve(model_dir, properties, **kw) as srv:
+            return await scenario(srv)
+
+    return asyncio.run(main())
+
+
+def lines(resp: httpx.Response) -> list[dict[str, Any]]:
+    assert resp.status_code == 200, resp.text
+    return [json.loads(line) for line in resp.text.splitlines() if line]
+
+
+def sse(resp: httpx.Response) -> list[str]:
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in resp.text.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[len("data: ") :] for e in events]
+
+
+# --------------------------------------------------------------------------- health and routes
+
+
+def test_ping_and_routes(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        ping = await srv.client.get("/ping")
+        assert (ping.status_code, ping.json()) == (200, {"status": "healthy"})
+        assert (await srv.client.head("/ping")).status_code == 200
+        for method, path, status in (
+            ("GET", "/nope", 404),
+            ("GET", "/invocations", 405),
+            ("POST", "/ping", 405),
+            ("DELETE", "/v1/chat/completions", 405),
+        ):
+            resp = await srv.client.request(method, path)
+            err = resp.json()
+            assert (resp.status_code, err["code"]) == (status, status), resp.text
+            assert err["message"] and "Traceback" not in resp.text
+
+    run(tiny_model, scenario)
+
+
+def test_a_model_that_fails_to_load_answers_503_with_the_reason(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        assert srv.state.phase == Phase.FAILED
+        ping = await srv.client.get("/ping")
+        assert ping.status_code == 503 and "weights are missing" in ping.json()["message"]
+        resp = await srv.invoke({"inputs": "x"})
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+        assert resp.json()["type"] == "not_ready"
+
+    run(tiny_model, scenario, fail_start="weights are missing")
+
+
+def test_a_dead_engine_turns_ping_503_and_ends_running_streams(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        srv.engine.kill()
+        ping = await srv.client.get("/ping")
+        assert ping.status_code == 503 and ping.json()["status"] == "unhealthy"
+        resp = await srv.invoke({"inputs": "x"})
+        assert resp.status_code == 503 and resp.json()["type"] == "engine_dead"
+
+    run(tiny_model, scenario)
+
+
+# --------------------------------------------------------------------------- LMI / TGI schema
+
+
+def test_generated_text_and_details_are_the_engines(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        expected = srv.engine.text(PROMPT, 6)
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "details": True}}
+        out = (await srv.invoke(body)).json()
+        assert out["generated_text"] == expected
+        details = out["details"]
+        assert details["finish_reason"] == "length"
+        assert details["generated_tokens"] == 6
+        ids = srv.engine.script(srv.engine.tokenizer.encode(PROMPT), 6)
+        assert [t["id"] for t in details["tokens"]] == ids
+        assert all(t["log_prob"] == LOG_PROB for t in details["tokens"])
+        assert "".join(t["text"] for t in details["tokens"]) == expected
+        full = await srv.invoke(
+            {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "return_full_text": True}}
+        )
+        assert full.json()["generated_text"] == PROMPT + expected
+        plain = await srv.raw(PROMPT.encode(), "text/plain")
+        assert plain.status_code == 200 and isinstance(plain.json()["generated_text"], str)
+
+    run(tiny_model, scenario)
+
+
+def test_jsonlines_stream_equals_the_whole_answer(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "details": True}}
+        whole = (await srv.invoke(body)).json()
+        streamed = lines(await srv.invoke({**body, "stream": True}))
+        assert len(streamed) == 8
+        assert all(line["token"]["log_prob"] == LOG_PROB for line in streamed)
+        assert all(line["generated_text"] is None for line in streamed[:-1])
+        assert "".join(line["token"]["text"] for line in streamed) == whole["generated_text"]
+        assert streamed[-1]["generated_text"] == whole["generated_text"]
+        assert streamed[-1]["details"]["finish_reason"] == "length"
+        assert streamed[-1]["details"]["generated_tokens"] == 8
+
+    run(tiny_model, scenario)
+
+
+def test_sse_when_asked_by_accept_header_or_option(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> list[str]:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}, "stream": True}
+        events = sse(await srv.invoke(body, headers={"Accept": "text/event-stream"}))
+        assert len(events) == 4
+        assert json.loads(events[-1])["generated_text"] == srv.engine.text(PROMPT, 4)
+        return events
+
+    by_header = run(tiny_model, scenario)
+    by_option = run(tiny_model, scenario, properties="option.output_formatter=sse\n")
+    assert by_header == by_option
+
+
+def test_stop_sequences_and_eos_end_with_their_reason(tiny_model: Path) -> None:
+    async def stop(srv: Served) -> None:
+        text = srv.engine.text(PROMPT, 10)
+        word = srv.engine.tokenizer.decode(srv.engine.script(srv.engine.tokenizer.encode(PROMPT), 10)[4])
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "stop": [word], "details": True}}
+        out = (await srv.invoke(body)).json()
+        assert out["details"]["finish_reason"] == "stop_sequence"
+        assert out["generated_text"] == text[: text.index(word)]
+        streamed = lines(await srv.invoke({**body, "stream": True}))
+        assert streamed[-1]["generated_text"] == out["generated_text"]
+
+    async def eos(srv: Served) -> None:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "details": True}}
+        out = (await srv.invoke(body)).json()
+        assert out["details"]["finish_reason"] == "eos_token"
+        assert out["generated_text"] == srv.engine.text(PROMPT, 3)
+        ignore = {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "ignore_eos_token": True}}
+        assert (await srv.invoke(ignore)).json()["generated_text"] == srv.engine.text(PROMPT, 10)
+
+    run(tiny_model, stop)
+    run(tiny_model, eos, eos_after=3)
+
+
+def test_an_engine_error_mid_stream_is_the_last_line_and_a_424_otherwise(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8}}
+        whole = await srv.invoke(body)
+        assert whole.status_code == 424, whole.text
+        assert "scripted failure after 2 tokens" in whole.json()["message"]
+        streamed = lines(await srv.invoke({**body, "stream": True}))
+        assert [line["token"]["text"] for line in streamed[:2]] == [
+            srv.engine.tokenizer.decode([t])
+            for t in srv.engine.script(srv.engine.tokenizer.encode(PROMPT), 2)
+        ]
+        last = streamed[-1]
+        assert last["details"]["finish_reason"] == "error", last
+        assert "scripted failure" in json.dumps(last)
+
+    run(tiny_model, scenario, fail_after=2)
+
+
+def test_request_id_header_reaches_the_engine(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        headers = {"X-Amzn-SageMaker-Inference-Id": "req-42"}
+        resp = await srv.invoke({"inputs": "x", "parameters": {"max_new_tokens": 1}}, headers=headers)
+        assert resp.status_code == 200
+        first = srv.engine.seen[-1].request_id
+        assert first.startswith("req-42-")
+        await srv.invoke({"inputs": "x", "parameters": {"max_new_tokens": 1}}, headers=headers)
+        second = srv.engine.seen[-1].request_id
+        assert second.startswith("req-42-") and second != first
+
+    run(tiny_model, scenario)
+
+
+# --------------------------------------------------------------------------- chat
+
+
+def test_chat_completion_and_chunks(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        messages = [{"role": "user", "content": "hello"}]
+        body = {"messages": messages, "max_tokens": 5}
+        out = (await srv.invoke(body)).json()
+        tok = srv.engine.tokenizer
+        rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tok.encode(rendered, add_special_tokens=False)
+        expected = tok.decode(srv.engine.script(ids, 5))
+        assert out["object"] == "chat.completion"
+        choice = out["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": expected}
+        assert choice["finish_reason"] == "length"
+        usage = out["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(ids), 5)
+        assert usage["total_tokens"] == len(ids) + 5
+        events = sse(await srv.invoke({**body, "stream": True}, headers={"Accept": "text/event-stream"}))
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == expected
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        alias = (await srv.client.post("/v1/chat/completions", json=body)).json()
+        assert alias["choices"][0]["message"]["content"] == expected
+
+    run(tiny_model, scenario)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+BAD_BODIES = [
+    (b'{"inputs": "def ", "parameters": {', "body"),
+    (b"[1, 2]", "body"),
+    (b'{"parameters": {}}', "inputs"),
+    (b'{"inputs": 5}', "inputs"),
+    (b'{"inputs": ""}', "inputs"),
+    (b'{"inputs": ["a", "b"]}', "inputs"),
+    (b'{"inputs": "x", "parameters": {"max_new_tokens": "ten"}}', "parameters.max_new_tokens"),
+    (b'{"inputs": "x", "parameters": {"max_new_tokens": 0}}', "parameters.max_new_tokens"),
+    (b'{"inputs": "x", "parameters": {"temperature": -1}}', "parameters.temperature"),
+    (b'{"inputs": "x", "parameters": {"top_p": 1.5}}', "parameters.top_p"),
+    (b'{"inputs": "x", "parameters": {"do_sample": "yes"}}', "parameters.do_sample"),
+    (b'{"inputs": "x", "parameters": {"bogus": 1}}', "parameters.bogus"),
+    (b'{"inputs": "x", "parameters": {"max_new_tokens": 5000}}', "parameters.max_new_tokens"),
+    (b'{"inputs": "x", "stream": "true"}', "stream"),
+    (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages.0.role"),
+    (b'{"messages": []}', "messages"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', "max_tokens"),
+    (b"\xff\xfe", "body"),
+]
+
+
+def test_bad_requests_get_400_naming_the_field(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> list[tuple[int, dict[str, Any]]]:
+        return [((r := await srv.raw(body)).status_code, r.json()) for body, _ in BAD_BODIES]
+
+    answers = run(tiny_model, scenario)
+    for (body, param), (status, err) in zip(BAD_BODIES, answers, strict=True):
+        assert status == 400, (body, err)
+        assert (err["code"], err["type"], err["param"]) == (400, "bad_request", param), (body, err)
+        assert err["message"]
+
+
+def test_size_and_media_type_errors(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        big = await srv.raw(b'{"inputs": "' + b"a" * 2048 + b'"}')
+        assert (big.status_code, big.json()["type"]) == (413, "payload_too_large")
+        assert (await srv.raw(b'{"inputs": "x"}')).status_code == 200
+
+    run(tiny_model, scenario, properties="max_request_size=1024\n")
+
+
+def test_at_capacity_is_refused_with_retry_after_and_the_queue_drains(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        srv.engine.gate = asyncio.Event()
+        body = {"inputs": "x", "parameters": {"max_new_tokens": 2}}
+        held = [asyncio.create_task(srv.invoke(body)) for _ in range(2)]
+        while srv.state.in_flight < 2:
+            await asyncio.sleep(0.01)
+        over = await srv.invoke(body)
+        assert over.status_code == ERROR_TABLE["overloaded"].status, over.text
+        assert over.headers["retry-after"] == "1"
+        assert over.json()["type"] == "overloaded"
+        srv.engine.gate.set()
+        assert [t.status_code for t in await asyncio.gather(*held)] == [200, 200]
+        assert srv.state.in_flight == 0
+        metrics = (await srv.client.get("/metrics")).text
+        assert 'lmforge_responses_total{code="200"} 2' in metrics
+        assert f'lmforge_responses_total{{code="{over.status_code}"}} 1' in metrics
+        assert "lmforge_engine_requests_total 2" in metrics
+
+    run(tiny_model, scenario, properties="option.max_rolling_batch_size=1\njob_queue_size=1\n")
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+_bodies = st.one_of(
+    st.fixed_dictionaries(
+        {"inputs": _values},
+        optional={
+            "parameters": st.dictionaries(
+                st.sampled_from(
+                    [
+                        "max_new_tokens",
+                        "temperature",
+                        "top_p",
+                        "top_k",
+                        "do_sample",
+                        "stop",
+                        "details",
+                        "seed",
+                    ]
+                ),
+                _values,
+                max_size=4,
+            ),
+            "stream": _values,
+        },
+    ),
+    st.fixed_dictionaries(
+        {
+            "messages": st.one_of(
+                st.lists(
+                    st.fixed_dictionaries({"role": st.sampled_from(["user", "x"]), "content": _values}),
+                    max_size=2,
+                ),
+                _values,
+            )
+        },
+        optional={"max_tokens": _values, "temperature": _values, "stream": _values, "logprobs": _values},
+    ),
+    _values,
+)
+
+
+def test_generated_bodies_never_get_a_5xx(tiny_model: Path) -> None:
+    """Random, mostly malformed bodies through one server: 200, or a 4xx JSON error that says why."""
+
+    async def scenario(srv: Served) -> None:
+        loop = asyncio.get_running_loop()
+        answers: list[httpx.Response] = []
+
+        @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(body=_bodies)
+        def send(body: object) -> None:
+            content = json.dumps(body, allow_nan=True).encode()
+            future = asyncio.run_coroutine_threadsafe(srv.raw(content), loop)
+            answers.append(resp := future.result(30))
+            assert resp.status_code < 500, resp.text
+            if resp.status_code != 200:
+                err = resp.json()
+                assert err["code"] == resp.status_code and err["message"], err
+                assert "Traceback" not in resp.text
+
+        await asyncio.to_thread(send)
+        assert len(answers) >= 400
+        assert (await srv.client.get("/ping")).status_code == 200
+
+    run(tiny_model, scenario)
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/v1/chat/completions"])
+def test_error_bodies_share_one_shape(tiny_model: Path, path: str) -> None:
+    async def scenario(srv: Served) -> dict[str, Any]:
+        resp = await srv.client.post(path, content=b"{", headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400 and resp.headers["content-type"].startswith("application/json")
+        return dict(resp.json())
+
+    err = run(tiny_model, scenario)
+    assert set(err) >= {"code", "type", "message", "param"}
