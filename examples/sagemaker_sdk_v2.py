@@ -92,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         model_data_download_timeout=600,
         serializer=JSONSerializer(),
         deserializer=JSONDeserializer(),
+        wait=False,
     )
+    # deploy(wait=True) polls DescribeEndpoint every 30 s; every 5 s says "InService" sooner
+    print(f"waiting for endpoint {args.endpoint_name} to be InService", file=sys.stderr)
+    session.wait_for_endpoint(args.endpoint_name, poll=5)
     try:
         body = {"inputs": args.prompt, "parameters": {"max_new_tokens": args.max_new_tokens}}
         streamed = []

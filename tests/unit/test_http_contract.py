@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from lmforge.config import load_config
 from lmforge.errors import ERROR_TABLE
+from lmforge.handlers import Handler, create_handler
 from lmforge.handlers.default import DefaultHandler
 from lmforge.serving.app import App
 from lmforge.serving.state import Phase, ServerState
@@ -44,24 +46,39 @@ class Served:
         return await self.client.post("/invocations", content=content, headers={"Content-Type": content_type})
 
 
-@contextlib.asynccontextmanager
-async def serve(model_dir: Path, properties: str = "", **engine_kwargs: Any) -> AsyncIterator[Served]:
-    """The server ``lmforge serve`` builds (config, default handler, App with its lifespan), minus
-    uvicorn: requests go straight into the ASGI app."""
-    folder = model_dir.parent / f"contract-{abs(hash((properties, tuple(engine_kwargs.items()))))}"
+def model_folder(model_dir: Path, properties: str = "", files: dict[str, str] | None = None) -> Path:
+    """A model folder beside ``model_dir``: its files linked, plus ``serving.properties`` and ``files``."""
+    key = (properties, tuple(sorted((files or {}).items())))
+    folder = model_dir.parent / f"contract-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
     if not folder.exists():
         folder.mkdir()
         for item in model_dir.iterdir():
             if item.name != "serving.properties":
                 (folder / item.name).symlink_to(item)
         (folder / "serving.properties").write_text("option.rolling_batch=lmi-dist\n" + properties)
-    config = load_config(folder).config
+        for name, text in (files or {}).items():
+            (folder / name).write_text(text)
+    return folder
+
+
+@contextlib.asynccontextmanager
+async def serve(
+    model_dir: Path, properties: str = "", files: dict[str, str] | None = None, **engine_kwargs: Any
+) -> AsyncIterator[Served]:
+    """The server ``lmforge serve`` builds (config, handler, App with its lifespan), minus uvicorn:
+    requests go straight into the ASGI app. The default handler runs on a scripted engine; a folder
+    with a ``model.py`` (in ``files``) gets the user's handler, as ``create_handler`` decides."""
+    resolved = load_config(model_folder(model_dir, properties, files))
+    config = resolved.config
     engine = ScriptedEngine(config, **engine_kwargs)
+    handler: Handler = (
+        create_handler(resolved) if files and "model.py" in files else DefaultHandler(config, engine)
+    )
     state = ServerState(
         max_in_flight=config.max_rolling_batch_size + config.job_queue_size,
         max_request_size=config.max_request_size,
     )
-    app = App(DefaultHandler(config, engine), state)
+    app = App(handler, state)
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     lifespan = asyncio.create_task(app({"type": "lifespan"}, inbox.get, outbox.put))
@@ -79,9 +96,15 @@ async def serve(model_dir: Path, properties: str = "", **engine_kwargs: Any) -> 
         await lifespan
 
 
-def run(model_dir: Path, scenario: Callable[[Served], Awaitable[T]], properties: str = "", **kw: Any) -> T:
+def run(
+    model_dir: Path,
+    scenario: Callable[[Served], Awaitable[T]],
+    properties: str = "",
+    files: dict[str, str] | None = None,
+    **kw: Any,
+) -> T:
     async def main() -> T:
-        async with serve(model_dir, properties, **kw) as srv:
+        async with serve(model_dir, properties, files, **kw) as srv:
             return await scenario(srv)
 
     return asyncio.run(main())
@@ -432,3 +455,56 @@ def test_error_bodies_share_one_shape(tiny_model: Path, path: str) -> None:
 
     err = run(tiny_model, scenario)
     assert set(err) >= {"code", "type", "message", "param"}
+
+
+# --------------------------------------------------------------------------- user handlers (model.py)
+
+ECHO_HANDLER = """
+import json
+from djl_python import Input, Output
+
+seen = {}
+
+
+def handle(inputs: Input) -> Output:
+    if inputs.is_empty():  # LMI's initialize call carries the properties
+        seen.update(inputs.get_properties())
+        return None
+    body = inputs.get_as_json()
+    if body.get("boom"):
+        raise ValueError("the user's handler failed")
+    if body.get("wrong"):
+        return "not an Output"
+    if body.get("refuse"):
+        return Output().error("refused by model.py", code=422)
+    out = Output().add_as_json({"echo": body["inputs"].upper(), "rolling_batch": seen["rolling_batch"]})
+    return out.add_property("X-Handler", "echo")
+"""
+
+
+def test_a_user_model_py_serves_its_own_answers_and_errors(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        ok = await srv.invoke({"inputs": "abc"})
+        assert ok.status_code == 200, ok.text
+        assert ok.json() == {"echo": "ABC", "rolling_batch": "lmi-dist"}
+        assert ok.headers["x-handler"] == "echo"
+        refused = await srv.invoke({"inputs": "x", "refuse": True})
+        assert refused.status_code == 422
+        for body, words in (({"boom": True}, "the user's handler failed"), ({"wrong": True}, "must return")):
+            resp = await srv.invoke({"inputs": "x", **body})
+            assert resp.status_code == 424, resp.text
+            assert words in resp.json()["message"] and "Traceback" not in resp.text
+        assert (await srv.client.get("/ping")).status_code == 200
+
+    run(tiny_model, scenario, files={"model.py": ECHO_HANDLER})
+
+
+def test_a_user_handler_that_fails_to_initialize_fails_the_load(tiny_model: Path) -> None:
+    broken = "def handle(inputs):\n    raise RuntimeError('no GPU here')\n"
+
+    async def scenario(srv: Served) -> None:
+        assert srv.state.phase == Phase.FAILED
+        ping = await srv.client.get("/ping")
+        assert ping.status_code == 503 and "no GPU here" in ping.json()["message"]
+
+    run(tiny_model, scenario, files={"model.py": broken})
