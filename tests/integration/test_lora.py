@@ -191,6 +191,9 @@ def test_bad_sources_are_refused(server: RemoteServer, src: str, needle: str) ->
 def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: PeftReference) -> None:
     src = str(server.model_dir.parent / "extra" / "regex")
     assert httpx.post(server.url + "/adapters", json={"name": "rx", "src": src}).status_code == 200
+    models = httpx.get(server.url + "/v1/models").json()["data"]
+    assert models[0]["id"] == "model" and "parent" not in models[0]
+    assert {m["id"]: m["parent"] for m in models[1:]} == {n: "model" for n in ("a1", "a2", "rx")}
     assert generate(server, PROMPTS[2], "body", "rx") == peft.greedy(PROMPTS[2], NEW, "a1")
     assert httpx.delete(server.url + "/adapters/rx").status_code == 200
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -199,6 +202,8 @@ def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: P
         assert resp.status_code == status, (model, resp.text)
         if status == 404:
             assert f"'{model}'" in resp.json()["message"]
+        else:
+            assert resp.json()["model"] == model  # the answer names what served it
     # pinning every slot would leave requests for other adapters waiting forever
     assert httpx.put(server.url + "/adapters/a1", json={"pin": True}).status_code == 200  # 1 of 2 slots
     pin = httpx.put(server.url + "/adapters/a2", json={"pin": True})

@@ -245,6 +245,17 @@ def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dic
         raise AssertionError(f"vLLM still runs the request: {metrics(server.url)}")
 
 
+def test_official_openai_client(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    import openai
+
+    from tests.openai_checks import check_openai_client
+
+    server, _ = served
+    check_openai_client(
+        openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    )
+
+
 def test_invalid_vllm_option_fails_at_start(tiny_model: Path, tmp_path: Path, env: dict[str, str]) -> None:
     model = _vllm_model(
         tiny_model, tmp_path / "m", "option.max_num_seqz=4\noption.enable_chunked_prefill=maybe\n"

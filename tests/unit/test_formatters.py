@@ -84,5 +84,10 @@ def test_chat_json_and_chunks() -> None:
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
     assert chunks[1]["choices"][0]["delta"] == {"content": "llo"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert "usage" not in chunks[-1]  # only when stream_options.include_usage asks, in a chunk of its own
+    asked = fmt.ChatFormatter("m", logprobs=False, include_usage=True)
+    for e in events():
+        asked.chunk(e)
+    usage = json.loads(asked.trailer(fmt.SSE).split(b"\n\n")[0][len(b"data: ") :])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
     assert all(ch["id"] == chunks[0]["id"] for ch in chunks)

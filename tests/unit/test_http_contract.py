@@ -508,3 +508,112 @@ def test_a_user_handler_that_fails_to_initialize_fails_the_load(tiny_model: Path
         assert ping.status_code == 503 and "no GPU here" in ping.json()["message"]
 
     run(tiny_model, scenario, files={"model.py": broken})
+
+
+# --------------------------------------------------------------------------- OpenAI routes
+
+
+def _sse_objects(resp: httpx.Response) -> list[dict[str, Any]]:
+    events = sse(resp)
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_openai_chat_route_streams_sse_whatever_accept_says(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+        for accept in ("application/json", "*/*", "application/jsonlines"):
+            resp = await srv.client.post("/v1/chat/completions", json=body, headers={"Accept": accept})
+            chunks = _sse_objects(resp)
+            assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+            assert all("usage" not in c for c in chunks)
+        # /invocations keeps LMI's rules for the same body: jsonlines unless SSE is asked for
+        assert lines(await srv.invoke(body))[-1]["choices"][0]["finish_reason"] == "length"
+        usage = _sse_objects(
+            await srv.client.post(
+                "/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}}
+            )
+        )[-1]
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+
+    run(tiny_model, scenario)
+
+
+def test_openai_completions(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        expected = srv.engine.text(PROMPT, 5)
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+        out = (await srv.client.post("/v1/completions", json=body)).json()
+        assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
+        assert out["choices"][0]["text"] == expected
+        assert out["choices"][0]["finish_reason"] == "length" and out["choices"][0]["logprobs"] is None
+        ids = srv.engine.tokenizer.encode(PROMPT)
+        assert out["usage"] == {
+            "prompt_tokens": len(ids),
+            "completion_tokens": 5,
+            "total_tokens": len(ids) + 5,
+        }
+        default = (await srv.client.post("/v1/completions", json={"prompt": PROMPT})).json()
+        assert default["usage"]["completion_tokens"] == 16  # OpenAI's default max_tokens
+        chunks = _sse_objects(await srv.client.post("/v1/completions", json={**body, "stream": True}))
+        assert "".join(c["choices"][0]["text"] for c in chunks) == expected
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        # logprobs in the completions shape, echo, token-id prompts, and the same body on /invocations
+        lp = (await srv.client.post("/v1/completions", json={**body, "logprobs": 2, "echo": True})).json()
+        choice = lp["choices"][0]
+        assert choice["text"] == PROMPT + expected
+        assert choice["logprobs"]["token_logprobs"] == [LOG_PROB] * 5
+        assert "".join(choice["logprobs"]["tokens"]) == expected
+        assert choice["logprobs"]["text_offset"][0] == len(PROMPT)
+        assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])
+        by_ids = (await srv.client.post("/v1/completions", json={**body, "prompt": ids})).json()
+        assert by_ids["choices"][0]["text"] == expected
+        assert (await srv.invoke(body)).json()["choices"][0]["text"] == expected
+
+    run(tiny_model, scenario)
+
+
+def test_openai_vllm_extras_accepted_or_refused_by_name(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        extras = {
+            "ignore_eos": True,
+            "top_k": 5,
+            "repetition_penalty": 1.0,
+            "min_tokens": 0,
+            "logprobs": None,
+        }
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 6, **extras}
+        chat.pop("logprobs")
+        out = (await srv.client.post("/v1/chat/completions", json=chat)).json()
+        assert out["usage"]["completion_tokens"] == 6  # EOS (after 2) ignored
+        comp = {"prompt": PROMPT, "max_tokens": 6, "stream_options": {"include_usage": True}, **extras}
+        chunks = _sse_objects(await srv.client.post("/v1/completions", json={**comp, "stream": True}))
+        assert chunks[-1]["usage"]["completion_tokens"] == 6
+        for field, value in (
+            ("min_tokens", 3),
+            ("n", 2),
+            ("best_of", 3),
+            ("suffix", "x"),
+            ("stop_token_ids", [1]),
+            ("bogus", 1),
+        ):
+            resp = await srv.client.post("/v1/completions", json={**comp, field: value})
+            assert resp.status_code == 400, (field, resp.text)
+            assert resp.json()["param"] == field, resp.json()
+        missing = await srv.client.post("/v1/completions", json={"messages": []})
+        assert (missing.status_code, missing.json()["param"]) == (400, "prompt")
+        long = await srv.client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 100_000})
+        assert (long.status_code, long.json()["param"]) == (400, "max_tokens")
+
+    run(tiny_model, scenario, eos_after=2)
+
+
+def test_openai_models_lists_the_served_model(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> None:
+        models = (await srv.client.get("/v1/models")).json()
+        assert models["object"] == "list"
+        assert [m["id"] for m in models["data"]] == [srv.engine.model_name]
+        assert (await srv.client.post("/v1/models")).status_code == 405
+
+    run(tiny_model, scenario)

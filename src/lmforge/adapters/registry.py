@@ -61,6 +61,10 @@ class AdapterRegistry:
             raise NotFoundError(f"adapter {name!r} is not registered (adapters: {known})", param="adapters")
         return adapter
 
+    def all(self) -> list[LoraAdapter]:
+        """Every registered adapter, by name."""
+        return [self._adapters[n] for n in sorted(self._adapters)]
+
     def find(self, name: str) -> LoraAdapter | None:
         return self._adapters.get(name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRe
 from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers.io import Input, Output
-from lmforge.handlers.requests import ParsedRequest, parse_body, parse_request
+from lmforge.handlers.requests import CHAT_ROUTE, COMPLETIONS_ROUTE, ParsedRequest, parse_body, parse_request
 
 if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
@@ -25,6 +26,7 @@ log = logging.getLogger("lmforge.handlers")
 REQUEST_ID_HEADERS = ("x-amzn-sagemaker-inference-id", "x-request-id")
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
 ADAPTER_QUERY = "adapter"
+OPENAI_ROUTES = (CHAT_ROUTE, COMPLETIONS_ROUTE)
 
 
 class DefaultHandler:
@@ -35,6 +37,7 @@ class DefaultHandler:
         self.engine = engine
         self.name = engine.name
         self.adapters: AdapterRegistry | None = None
+        self.started = time.time()
         if config.enable_lora:
             from lmforge.adapters.registry import AdapterRegistry
             from lmforge.engines.protocol import LoraEngine
@@ -68,13 +71,13 @@ class DefaultHandler:
             source: value
             for source, value in (
                 ("the X-Amzn-SageMaker-Adapter-Identifier header", inputs.get_property(ADAPTER_HEADER)),
-                ("adapters" if not req.chat else "model", req.adapter),
+                ("adapters" if not req.openai else "model", req.adapter),
                 ("the adapter query parameter", inputs.get_property(ADAPTER_QUERY)),
             )
             if value
         }
         if (
-            req.chat
+            req.openai
             and "model" in wanted
             and (self.adapters is None or wanted["model"] in self._served_names())
         ):
@@ -104,15 +107,20 @@ class DefaultHandler:
     async def shutdown(self) -> None:
         await self.engine.shutdown()
 
-    def _media_type(self, req: ParsedRequest, accept: str | None) -> str | None:
-        """The streaming media type, or None for one JSON answer."""
+    def _media_type(self, req: ParsedRequest, accept: str | None, route: str) -> str | None:
+        """The streaming media type, or None for one JSON answer. OpenAI routes stream SSE, as OpenAI
+        clients expect whatever they send as Accept; /invocations follows LMI's rules."""
+        if route in OPENAI_ROUTES:
+            return fmt.SSE if req.stream else None
         configured = self.config.output_formatter
         wants_sse = configured == "sse" or "text/event-stream" in (accept or "")
         if req.stream or configured in ("jsonlines", "sse"):
             return fmt.SSE if wants_sse else fmt.JSONLINES
         return None
 
-    def _prompt(self, req: ParsedRequest) -> tuple[str, bool]:
+    def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
+        if req.prompt_ids is not None:
+            return req.prompt_ids, True
         if not req.chat:
             return req.prompt, True
         tokenizer = self.engine.tokenizer
@@ -130,15 +138,20 @@ class DefaultHandler:
 
     async def handle(self, inputs: Input) -> Output:
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
-        req = parse_request(body, default_max_new_tokens=self.config.default_max_new_tokens)
-        media = self._media_type(req, inputs.get_property("accept"))
+        req = parse_request(
+            body, default_max_new_tokens=self.config.default_max_new_tokens, route=inputs.route
+        )
+        media = self._media_type(req, inputs.get_property("accept"), inputs.route)
         prompt, add_special = self._prompt(req)
+        adapter = self._adapter(req, inputs)
+        # OpenAI answers name what served them: the adapter, else the model
+        served = adapter.name if adapter is not None else self.engine.model_name
         request = GenerationRequest(
             request_id=_request_id(inputs),
             prompt=prompt,
             params=req.params,
             add_special_tokens=add_special,
-            adapter=self._adapter(req, inputs),
+            adapter=adapter,
         )
         events = self.engine.generate(request)
         try:
@@ -154,16 +167,16 @@ class DefaultHandler:
         out = Output()
         if media is None:
             async with contextlib.aclosing(events):
-                body_obj = await self._collect(req, prompt, first, events)
+                body_obj = await self._collect(req, served, first, events)
             return out.add_as_json(body_obj)
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(self._stream(req, prompt, first, events, media))
+        return out.add_stream_content(self._stream(req, served, first, events, media))
 
     async def _collect(
         self,
         req: ParsedRequest,
-        prompt: str,
+        served: str,
         first: GenerationEvent,
         events: AsyncGenerator[GenerationEvent, None],
     ) -> dict[str, Any]:
@@ -175,8 +188,8 @@ class DefaultHandler:
         last = collected[-1]
         if last.finish_reason == FinishReason.ERROR:
             raise error_for_status(last.error_status, last.error or "generation failed")
-        if req.chat:
-            return fmt.ChatFormatter(self.engine.model_name, logprobs=req.logprobs).final_json(collected)
+        if req.openai:
+            return self._openai_formatter(req, served).final_json(collected)
         lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
         for event in collected:
             lmi.add(event)
@@ -185,14 +198,14 @@ class DefaultHandler:
     async def _stream(
         self,
         req: ParsedRequest,
-        prompt: str,
+        served: str,
         first: GenerationEvent,
         events: AsyncGenerator[GenerationEvent, None],
         media: str,
     ) -> AsyncIterator[bytes]:
-        if req.chat:
-            chat = fmt.ChatFormatter(self.engine.model_name, logprobs=req.logprobs, include_usage=True)
-            render, stream_frame = chat.chunk, chat.stream_frame
+        openai = self._openai_formatter(req, served) if req.openai else None
+        if openai is not None:
+            render, stream_frame = openai.chunk, openai.stream_frame
         else:
             lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
             render, stream_frame = lmi.stream_line, lmi.stream_frame
@@ -218,8 +231,36 @@ class DefaultHandler:
                     error_status=err.status,
                 )
                 yield fmt.frame(render(tail), media)
-        if req.chat and media == fmt.SSE:
-            yield b"data: [DONE]\n\n"
+        if openai is not None:
+            yield openai.trailer(media)
+
+    def _openai_formatter(
+        self, req: ParsedRequest, model: str
+    ) -> fmt.ChatFormatter | fmt.CompletionFormatter:
+        if req.chat:
+            return fmt.ChatFormatter(model, logprobs=req.logprobs, include_usage=req.include_usage)
+        return fmt.CompletionFormatter(
+            model, logprobs=req.logprobs, include_usage=req.include_usage, echo=req.prompt if req.echo else ""
+        )
+
+    def models(self) -> dict[str, Any]:
+        """``GET /v1/models``: the served model, then each registered adapter (its parent: the model)."""
+        base = self.engine.model_name
+        created = int(self.started)
+        data = [{"id": base, "object": "model", "created": created, "owned_by": "lmforge", "root": base}]
+        if self.adapters is not None:
+            for adapter in self.adapters.all():
+                data.append(
+                    {
+                        "id": adapter.name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "lmforge",
+                        "root": adapter.name,
+                        "parent": base,
+                    }
+                )
+        return {"object": "list", "data": data}
 
     @staticmethod
     def _cut_short(last: GenerationEvent) -> GenerationEvent:
@@ -235,10 +276,11 @@ class DefaultHandler:
 
 
 def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestError:
-    """An engine's request-size error in the names the client used (chat: ``max_tokens``, ``messages``)."""
-    if not req.chat:
+    """An engine's request-size error in the names the client used (chat: ``max_tokens``, ``messages``;
+    completions: ``max_tokens``, ``prompt``)."""
+    if not req.openai:
         return err
-    names = {"parameters.max_new_tokens": req.length_field, "inputs": "messages"}
+    names = {"parameters.max_new_tokens": req.length_field, "inputs": "messages" if req.chat else "prompt"}
     param = names.get(err.param or "", err.param)
     return BadRequestError(err.message.replace("max_new_tokens", req.length_field), param=param)
 

@@ -5,7 +5,9 @@
 * LMI ``jsonlines`` (and ``sse``, the same objects as ``data:`` events): one line per token
   ``{"token": {...}, "generated_text": null, "details": null}``; the last line carries
   ``generated_text`` and, when asked, ``details`` without the token list.
-* Chat: OpenAI ``chat.completion`` and ``chat.completion.chunk`` objects (SSE ends with ``[DONE]``).
+* OpenAI: ``chat.completion`` / ``chat.completion.chunk`` and ``text_completion`` objects; a stream
+  ends with a usage chunk (``choices: []``) when ``stream_options.include_usage`` asks, then, in SSE,
+  ``data: [DONE]``.
 * An error after the stream has started is the stream's last line, in the same framing, with
   ``finish_reason: "error"``, the message and the status code it would have had.
 """
@@ -146,16 +148,79 @@ class LmiFormatter:
         return line
 
 
-class ChatFormatter:
-    """Builds OpenAI chat-completion responses from the events of one request."""
+class _OpenAIFormatter:
+    """What OpenAI's chat and completions answers share: id, created, model, usage."""
 
-    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = True) -> None:
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False) -> None:
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.logprobs = logprobs
         self.include_usage = include_usage
         self.tokens: list[Token] = []
+        self.last: GenerationEvent | None = None
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    @staticmethod
+    def usage(event: GenerationEvent) -> dict[str, int]:
+        return {
+            "prompt_tokens": event.prompt_tokens,
+            "completion_tokens": event.generated_tokens,
+            "total_tokens": event.prompt_tokens + event.generated_tokens,
+        }
+
+    def _collect(self, events: Iterable[GenerationEvent]) -> GenerationEvent:
+        last: GenerationEvent | None = None
+        for event in events:
+            if event.token is not None:
+                self.tokens.append(event.token)
+            last = event
+        assert last is not None and last.finish_reason is not None
+        return last
+
+    def stream_frame(self, event: GenerationEvent, media_type: str) -> bytes:
+        return frame(self.chunk(event), media_type)
+
+    def chunk(self, event: GenerationEvent) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _finish(self, out: dict[str, Any], event: GenerationEvent) -> dict[str, Any]:
+        if event.finished:
+            self.last = event
+            if event.error is not None:
+                out["error"] = {"message": event.error, "code": event.error_status}
+        return out
+
+    def trailer(self, media_type: str) -> bytes:
+        """What ends a stream: the usage chunk when asked (``stream_options.include_usage``), then SSE's
+        ``[DONE]``."""
+        out = b""
+        if self.include_usage and self.last is not None:
+            out += frame({**self._envelope(self.object_name, []), "usage": self.usage(self.last)}, media_type)
+        if media_type == SSE:
+            out += b"data: [DONE]\n\n"
+        return out
+
+
+class ChatFormatter(_OpenAIFormatter):
+    """Builds OpenAI chat-completion responses from the events of one request."""
+
+    object_name = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False) -> None:
+        super().__init__(model, logprobs=logprobs, include_usage=include_usage)
         self._sent_role = False
 
     def _logprob_entry(self, token: Token) -> dict[str, Any]:
@@ -169,37 +234,16 @@ class ChatFormatter:
             ],
         }
 
-    def _usage(self, event: GenerationEvent) -> dict[str, int]:
-        return {
-            "prompt_tokens": event.prompt_tokens,
-            "completion_tokens": event.generated_tokens,
-            "total_tokens": event.prompt_tokens + event.generated_tokens,
-        }
-
     def final_json(self, events: Iterable[GenerationEvent]) -> dict[str, Any]:
-        last: GenerationEvent | None = None
-        for event in events:
-            if event.token is not None:
-                self.tokens.append(event.token)
-            last = event
-        assert last is not None and last.finish_reason is not None
+        last = self._collect(events)
+        assert last.finish_reason is not None
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": "".join(t.text for t in self.tokens)},
             "logprobs": {"content": [self._logprob_entry(t) for t in self.tokens]} if self.logprobs else None,
             "finish_reason": _CHAT_FINISH[last.finish_reason],
         }
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": self._usage(last),
-        }
-
-    def stream_frame(self, event: GenerationEvent, media_type: str) -> bytes:
-        return frame(self.chunk(event), media_type)
+        return {**self._envelope("chat.completion", [choice]), "usage": self.usage(last)}
 
     def chunk(self, event: GenerationEvent) -> dict[str, Any]:
         delta: dict[str, Any] = {}
@@ -217,16 +261,55 @@ class ChatFormatter:
             ),
             "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
         }
-        out: dict[str, Any] = {
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
+        return self._finish(self._envelope("chat.completion.chunk", [choice]), event)
+
+
+class CompletionFormatter(_OpenAIFormatter):
+    """Builds OpenAI (legacy) completions responses: ``text_completion`` objects, logprobs as
+    ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``."""
+
+    object_name = "text_completion"
+    id_prefix = "cmpl-"
+
+    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False, echo: str = "") -> None:
+        super().__init__(model, logprobs=logprobs, include_usage=include_usage)
+        self.echo = echo
+        self._offset = len(echo)
+
+    def _logprobs(self, tokens: list[Token]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        offsets = []
+        for token in tokens:
+            offsets.append(self._offset)
+            self._offset += len(token.text)
+        return {
+            "tokens": [t.text for t in tokens],
+            "token_logprobs": [_lp(t.log_prob) for t in tokens],
+            "top_logprobs": [{text: _lp(lp) for _, text, lp in t.top_logprobs or []} for t in tokens],
+            "text_offset": offsets,
         }
-        if event.finished:
-            if self.include_usage:
-                out["usage"] = self._usage(event)
-            if event.error is not None:
-                out["error"] = {"message": event.error, "code": event.error_status}
-        return out
+
+    def final_json(self, events: Iterable[GenerationEvent]) -> dict[str, Any]:
+        last = self._collect(events)
+        assert last.finish_reason is not None
+        choice = {
+            "index": 0,
+            "text": self.echo + "".join(t.text for t in self.tokens),
+            "logprobs": self._logprobs(self.tokens),
+            "finish_reason": _CHAT_FINISH[last.finish_reason],
+        }
+        return {**self._envelope("text_completion", [choice]), "usage": self.usage(last)}
+
+    def chunk(self, event: GenerationEvent) -> dict[str, Any]:
+        tokens = [event.token] if event.token is not None else []
+        text = "".join(t.text for t in tokens)
+        if self.echo:
+            text, self.echo = self.echo + text, ""
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self._logprobs(tokens),
+            "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
+        }
+        return self._finish(self._envelope("text_completion", [choice]), event)

@@ -20,9 +20,13 @@ class Input:
         self,
         properties: dict[str, str] | None = None,
         content: dict[str, bytes] | None = None,
+        route: str = "/invocations",
     ) -> None:
         self.properties: dict[str, str] = dict(properties or {})
         self.content: dict[str, bytes] = dict(content or {})
+        self.route = route
+        """The path the request came in on (``/invocations``, ``/v1/chat/completions``, ...); an
+        lmforge addition to djl-python's Input."""
 
     # --- properties
     def get_properties(self) -> dict[str, str]:

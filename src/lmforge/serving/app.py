@@ -1,4 +1,5 @@
-"""The ASGI application: ``GET /ping``, ``POST /invocations`` (+ ``/v1/chat/completions``), ``GET /metrics``.
+"""The ASGI application: ``GET /ping``, ``POST /invocations`` (+ OpenAI's ``/v1/chat/completions``,
+``/v1/completions``, ``GET /v1/models``), the adapters API, ``GET /metrics``.
 
 Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
 :data:`lmforge.errors.ERROR_TABLE`; unexpected exceptions are logged with their traceback here and
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.serving")
 
 RETRY_AFTER_S = 1
-INVOCATION_PATHS = ("/invocations", "/v1/chat/completions")
+INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
+MODELS_PATH = "/v1/models"
 
 
 class App:
@@ -122,6 +124,9 @@ class App:
                 await self._invoke(scope, receive, send)
             elif adapters_api.is_adapter_path(path):
                 await self._adapters(scope, receive, send, path)
+            elif path == MODELS_PATH:
+                self._require(method, "GET")
+                await self._models(send)
             elif path == "/metrics":
                 self._require(method, "GET")
                 await asgi.send_body(send, 200, self._metrics().encode(), "text/plain; version=0.0.4")
@@ -177,7 +182,7 @@ class App:
         properties = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         properties.update(query)
-        inputs = Input(properties=properties, content={"data": body})
+        inputs = Input(properties=properties, content={"data": body}, route=scope["path"].rstrip("/"))
         try:
             output = await asgi.run_unless_disconnected(receive, self.handler.handle(inputs))
         except asgi.ClientDisconnected:
@@ -199,6 +204,15 @@ class App:
             await asgi.stream_response(receive, send, output.code, content_type, headers, output.stream)
         except Exception:
             log.exception("response stream failed after the status line was sent")
+
+    async def _models(self, send: asgi.Send) -> None:
+        if self.state.phase != Phase.READY:
+            raise NotReadyError(f"not ready: {self.state.detail}", retry_after=RETRY_AFTER_S)
+        models = getattr(self.handler, "models", None)
+        if models is None:
+            raise NotFoundError(f"{MODELS_PATH}: the {self.handler.name} handler serves no model list")
+        self.state.count(200)
+        await asgi.send_json(send, 200, models())
 
     # ------------------------------------------------------------------ adapters
 

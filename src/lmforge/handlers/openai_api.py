@@ -1,0 +1,189 @@
+"""OpenAI request schemas: chat completions (``messages``) and completions (``prompt``).
+
+Fields follow OpenAI's API; vLLM's sampling extras that tools built for vLLM send (``top_k``,
+``repetition_penalty``, ``ignore_eos``, ...) are accepted where lmforge's engines honour them, and
+accepted only at their neutral value where they do not (``min_tokens: 0``), so a request that
+needs them gets a 400 naming the field instead of a silently different answer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lmforge.errors import BadRequestError
+from lmforge.handlers.request_common import (
+    MAX_TOP_N,
+    STRICT,
+    ParsedRequest,
+    PositiveInt,
+    StopList,
+    sampling,
+    stops,
+    validation_error,
+)
+
+#: OpenAI's default max_tokens for completions (chat has none: the model's remaining length)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+class TextPart(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields chat and completions share (OpenAI's, then vLLM's extras)."""
+
+    model_config = STRICT
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stop: StopList | str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
+    ignore_eos: bool = False
+    min_tokens: Literal[0] = 0
+    skip_special_tokens: Literal[True] = True
+    spaces_between_special_tokens: Literal[True] = True
+    include_stop_str_in_output: Literal[False] = False
+    stop_token_ids: Annotated[list[int], Field(max_length=0)] | None = None
+
+
+class ChatRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    max_new_tokens: PositiveInt | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_N)] | None = 0
+
+
+class CompletionRequest(_Sampling):
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    )
+    max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_N)] | None = None
+    echo: bool = False
+    suffix: None = None
+    best_of: Literal[1] | None = None
+
+
+def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequest:
+    try:
+        req = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    if req.top_logprobs and not req.logprobs:
+        raise BadRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
+    fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
+    length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
+    params = sampling(
+        max_new_tokens=max_new,
+        do_sample=None,
+        # OpenAI's default temperature is 1.0 (sampling); temperature=0 asks for greedy decoding.
+        temperature=req.temperature if req.temperature is not None else 1.0,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        repetition_penalty=req.repetition_penalty,
+        seed=req.seed,
+        stop=stops(("stop", req.stop)),
+        top_n=req.top_logprobs or 0,
+        logprobs=bool(req.logprobs),
+        ignore_eos=req.ignore_eos,
+    )
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    return ParsedRequest(
+        api="chat",
+        prompt="",
+        params=params,
+        stream=req.stream,
+        details=False,
+        return_full_text=False,
+        messages=messages,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        logprobs=bool(req.logprobs),
+        adapter=req.model or None,
+        length_field=length_field,
+    )
+
+
+def parse_completion(body: dict[str, Any]) -> ParsedRequest:
+    if "prompt" not in body:
+        raise BadRequestError("completions need 'prompt'", param="prompt")
+    try:
+        req = CompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    prompt = req.prompt
+    ids: list[int] | None = None
+    text = ""
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt[0], str):
+        text = str(prompt[0])
+    else:
+        ids = [int(t) for t in prompt]
+    if req.echo and ids is not None:
+        raise BadRequestError("echo needs a text prompt (token ids cannot be echoed as text)", param="echo")
+    top_n = req.logprobs or 0
+    params = sampling(
+        max_new_tokens=req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS,
+        do_sample=None,
+        temperature=req.temperature if req.temperature is not None else 1.0,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        repetition_penalty=req.repetition_penalty,
+        seed=req.seed,
+        stop=stops(("stop", req.stop)),
+        top_n=top_n,
+        logprobs=req.logprobs is not None,
+        ignore_eos=req.ignore_eos,
+    )
+    return ParsedRequest(
+        api="completion",
+        prompt=text,
+        params=params,
+        stream=req.stream,
+        details=False,
+        return_full_text=False,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        logprobs=req.logprobs is not None,
+        adapter=req.model or None,
+        length_field="max_tokens",
+        prompt_ids=ids,
+        echo=req.echo,
+    )

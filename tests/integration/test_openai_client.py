@@ -1,0 +1,45 @@
+"""The official ``openai`` Python client against ``lmforge serve`` on LMI-Dist (the tiny model), over
+real sockets: chat and completions, streamed and not, logprobs, usage, the model list and errors.
+tests/integration/test_vllm.py runs the same client against the vLLM engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from lmforge.testing.server import RemoteServer
+from tests.conftest import Reference
+from tests.openai_checks import PROMPT, check_openai_client, run_vllm_bench_serve
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(tiny_model) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: RemoteServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_official_openai_client(client: openai.OpenAI, server: RemoteServer, reference: Reference) -> None:
+    ids, _ = reference.greedy(PROMPT, 6, eos=False)
+    check_openai_client(client, "tiny", reference.decode(ids))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    ("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")]
+)
+def test_vllm_bench_serve_completes_with_no_failures(
+    server: RemoteServer, tiny_model: Path, backend: str, endpoint: str
+) -> None:
+    """``vllm bench serve --backend openai-chat|openai --ignore-eos``: vLLM's tool sends vLLM's extras
+    (ignore_eos, stream_options) and reads SSE as it reads vLLM's own server."""
+    run_vllm_bench_serve(server.url, "tiny", tiny_model, backend, endpoint)
