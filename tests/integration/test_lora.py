@@ -193,7 +193,7 @@ def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: P
     assert httpx.post(server.url + "/adapters", json={"name": "rx", "src": src}).status_code == 200
     models = httpx.get(server.url + "/v1/models").json()["data"]
     assert models[0]["id"] == "model" and "parent" not in models[0]
-    assert {m["id"]: m["parent"] for m in models[1:]} == {n: "model" for n in ("a1", "a2", "rx")}
+    assert {m["id"]: m["parent"] for m in models[1:]} == dict.fromkeys(("a1", "a2", "rx"), "model")
     assert generate(server, PROMPTS[2], "body", "rx") == peft.greedy(PROMPTS[2], NEW, "a1")
     assert httpx.delete(server.url + "/adapters/rx").status_code == 200
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
