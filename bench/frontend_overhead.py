@@ -7,7 +7,11 @@ client for both) alternates between them round by round (A B, B A, ...) at concu
 a top-level ``ratio`` = lmforge output tokens/s / vLLM server output tokens/s, the lowest over the
 concurrencies.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3]
+By default lmforge streams LMI jsonlines from ``/invocations`` while vLLM streams ``/v1/completions``
+SSE; ``--api openai`` loads both on the same route and framing (``/v1/completions`` SSE with
+``stream_options.include_usage``): the like-for-like figure, in frontend-overhead-vllm-openai.json.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3] [--api openai]
 """
 
 from __future__ import annotations
@@ -209,8 +213,11 @@ def compare(rounds: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    parser.add_argument("--api", choices=("lmforge", "openai"), default="lmforge", help="lmforge's route")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    name = NAME if args.api == "lmforge" else f"{NAME}-openai"
+    out = args.out or RESULTS / f"{name}.json"
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -223,7 +230,7 @@ def main() -> None:
                 print(f"servers up after {time.monotonic() - started:.0f} s", flush=True)
                 assert ours.proc is not None
                 targets = {
-                    "lmforge": (ours.url, "lmforge", ours.proc.pid),
+                    "lmforge": (ours.url, args.api, ours.proc.pid),
                     "vllm": (vllm.url, "openai", vllm.proc.pid),
                 }
                 rounds: dict[str, dict[int, list[dict[str, Any]]]] = {
@@ -248,9 +255,11 @@ def main() -> None:
         shutil.rmtree(tmp / "vllm-cache", ignore_errors=True)
     rows = compare(rounds)
     sample = rounds["lmforge"][CONCURRENCY[0]][0]
+    lmforge_route = "/invocations jsonlines" if args.api == "lmforge" else "/v1/completions SSE, like vLLM"
     result = {
-        "name": NAME,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py",
+        "name": name,
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py"
+        + (" --api openai" if args.api == "openai" else ""),
         "ratio": min(row["ratio"] for row in rows),
         "targets": {"ratio_min": 0.98, "ratio_at_64": 1.10, "itl_overhead_ms": 0.5},
         "rows": rows,
@@ -262,8 +271,9 @@ def main() -> None:
             "output_len": OUTPUT_LEN,
             "requests": REQUESTS,
             "rounds": args.rounds,
-            "client": "lmforge.bench, the same for both (lmforge: /invocations jsonlines; "
+            "client": f"lmforge.bench, the same for both (lmforge: {lmforge_route}; "
             "vLLM: /v1/completions SSE)",
+            "lmforge_api": args.api,
             "env": {**TEST_ENV, **VLLM_ENV},
         },
         "versions": sample["versions"],
@@ -271,10 +281,10 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
         "runs": rounds,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(report(result))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 def _us(value: float | None) -> str:
@@ -311,15 +321,24 @@ def report(result: dict[str, Any]) -> str:
         )
     itl_ok = "met" if worst_itl <= 0.5 else "MISSED"
     verdict.append(f"largest ITL p50 overhead {worst_itl:+.2f} ms (target <= 0.5 ms): {itl_ok}")
-    return f"""## Frontend overhead: lmforge over vLLM vs `vllm serve` (`bench/frontend_overhead.py`)
+    openai = s.get("lmforge_api") == "openai"
+    title = "like for like, both `/v1/completions` SSE" if openai else "lmforge's LMI route"
+    routes = (
+        "Both stream `/v1/completions` SSE (`stream_options.include_usage`): the same client,\n"
+        "route and framing."
+        if openai
+        else "lmforge streams LMI jsonlines from `/invocations` (one line per token); vLLM streams\n"
+        "`/v1/completions` SSE."
+    )
+    heading = f"Frontend overhead ({title}): lmforge over vLLM vs `vllm serve`"
+    return f"""## {heading} (`bench/frontend_overhead.py`)
 
 Both servers run at once on the example model with the same vLLM engine settings
 (`{" ".join(s["vllm_serve_args"])}`; the same as `serving.properties` for lmforge). One client
 (`lmforge.bench`) loads them alternately, round by round ({s["rounds"]} rounds, order flipped each
 round); figures are medians over the rounds. {s["input_len"]} prompt tokens, {s["output_len"]} output tokens
 (EOS ignored), requests per run {", ".join(f"{k}: {v}" for k, v in s["requests"].items())} (by concurrency).
-lmforge streams LMI jsonlines from `/invocations` (one line per token); vLLM streams
-`/v1/completions` SSE. Result: `bench/results/frontend-overhead-vllm.json`.
+{routes} Result: `bench/results/{result["name"]}.json`.
 
 {head}{chr(10).join(lines)}
 

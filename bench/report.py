@@ -24,6 +24,12 @@ Result = dict[str, Any]
 #: scenarios rendered by their own module: (module file, result name, target ratio, what the ratio is)
 EXTERNAL = (
     ("frontend_overhead", "frontend-overhead-vllm", 0.98, "lmforge / `vllm serve` output tok/s, lowest"),
+    (
+        "frontend_overhead",
+        "frontend-overhead-vllm-openai",
+        0.98,
+        "the same, both on `/v1/completions` SSE, lowest",
+    ),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
