@@ -73,6 +73,7 @@ bench: install
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai && \
+		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai-chat && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py; \
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
 	$(BIN)/python bench/report.py

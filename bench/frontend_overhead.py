@@ -213,10 +213,16 @@ def compare(rounds: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--api", choices=("lmforge", "openai"), default="lmforge", help="lmforge's route")
+    parser.add_argument(
+        "--api",
+        choices=("lmforge", "openai", "openai-chat"),
+        default="lmforge",
+        help="lmforge: lmforge on /invocations jsonlines, vLLM on /v1/completions; openai / openai-chat: "
+        "both servers on /v1/completions / /v1/chat/completions SSE",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    name = NAME if args.api == "lmforge" else f"{NAME}-openai"
+    name = NAME if args.api == "lmforge" else f"{NAME}-{args.api}"
     out = args.out or RESULTS / f"{name}.json"
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -231,7 +237,7 @@ def main() -> None:
                 assert ours.proc is not None
                 targets = {
                     "lmforge": (ours.url, args.api, ours.proc.pid),
-                    "vllm": (vllm.url, "openai", vllm.proc.pid),
+                    "vllm": (vllm.url, "openai" if args.api == "lmforge" else args.api, vllm.proc.pid),
                 }
                 rounds: dict[str, dict[int, list[dict[str, Any]]]] = {
                     k: {c: [] for c in CONCURRENCY} for k in targets
@@ -255,11 +261,17 @@ def main() -> None:
         shutil.rmtree(tmp / "vllm-cache", ignore_errors=True)
     rows = compare(rounds)
     sample = rounds["lmforge"][CONCURRENCY[0]][0]
-    lmforge_route = "/invocations jsonlines" if args.api == "lmforge" else "/v1/completions SSE, like vLLM"
+    routes = {
+        "lmforge": "/invocations jsonlines",
+        "openai": "/v1/completions SSE",
+        "openai-chat": "/v1/chat/completions SSE",
+    }
+    lmforge_route = routes[args.api]
+    vllm_route = routes["openai" if args.api == "lmforge" else args.api]
     result = {
         "name": name,
         "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py"
-        + (" --api openai" if args.api == "openai" else ""),
+        + (f" --api {args.api}" if args.api != "lmforge" else ""),
         "ratio": min(row["ratio"] for row in rows),
         "targets": {"ratio_min": 0.98, "ratio_at_64": 1.10, "itl_overhead_ms": 0.5},
         "rows": rows,
@@ -271,8 +283,7 @@ def main() -> None:
             "output_len": OUTPUT_LEN,
             "requests": REQUESTS,
             "rounds": args.rounds,
-            "client": f"lmforge.bench, the same for both (lmforge: {lmforge_route}; "
-            "vLLM: /v1/completions SSE)",
+            "client": f"lmforge.bench, the same for both (lmforge: {lmforge_route}; vLLM: {vllm_route})",
             "lmforge_api": args.api,
             "env": {**TEST_ENV, **VLLM_ENV},
         },
@@ -321,11 +332,12 @@ def report(result: dict[str, Any]) -> str:
         )
     itl_ok = "met" if worst_itl <= 0.5 else "MISSED"
     verdict.append(f"largest ITL p50 overhead {worst_itl:+.2f} ms (target <= 0.5 ms): {itl_ok}")
-    openai = s.get("lmforge_api") == "openai"
-    title = "like for like, both `/v1/completions` SSE" if openai else "lmforge's LMI route"
+    api = s.get("lmforge_api", "lmforge")
+    path = "/v1/chat/completions" if api == "openai-chat" else "/v1/completions"
+    openai = api != "lmforge"
+    title = f"like for like, both `{path}` SSE" if openai else "lmforge's LMI route"
     routes = (
-        "Both stream `/v1/completions` SSE (`stream_options.include_usage`): the same client,\n"
-        "route and framing."
+        f"Both stream `{path}` SSE (`stream_options.include_usage`): the same client,\nroute and framing."
         if openai
         else "lmforge streams LMI jsonlines from `/invocations` (one line per token); vLLM streams\n"
         "`/v1/completions` SSE."

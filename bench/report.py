@@ -30,6 +30,12 @@ EXTERNAL = (
         0.98,
         "the same, both on `/v1/completions` SSE, lowest",
     ),
+    (
+        "frontend_overhead",
+        "frontend-overhead-vllm-openai-chat",
+        0.98,
+        "the same, both on `/v1/chat/completions` SSE, lowest",
+    ),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),

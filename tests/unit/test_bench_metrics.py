@@ -127,6 +127,14 @@ def test_openai_reader_takes_usage_then_tokenizer_then_chunks() -> None:
     for obj in chunks:
         plain.feed(obj, 1.0)
     assert plain.finish().output_tokens == 2
+    chat = _OpenAIReader(RequestResult(), None)  # chat chunks: text in delta.content, role first
+    for obj in (
+        {"choices": [{"delta": {"role": "assistant", "content": "ab"}}]},
+        {"choices": [{"delta": {"content": "c"}, "finish_reason": "length"}]},
+        usage,
+    ):
+        chat.feed(obj, 1.0)
+    assert (chat.finish().text, chat.result.output_tokens) == ("abc", 3)
 
 
 def test_word_prompts_are_deterministic_per_seed() -> None:

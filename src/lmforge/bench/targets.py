@@ -4,6 +4,8 @@
 * ``lmforge-sse``: the same request with ``Accept: text/event-stream`` (SSE ``data:`` events).
 * ``openai``: ``POST {url}/v1/completions`` with ``stream``, ``stream_options.include_usage`` and
   ``ignore_eos`` (vLLM's OpenAI server and other OpenAI-compatible peers).
+* ``openai-chat``: ``POST {url}/v1/chat/completions``, the prompt as one user message, the same options
+  (the prompt length then includes the chat template's tokens, as the server's usage reports).
 * ``sagemaker``: ``invoke_endpoint_with_response_stream`` on an endpoint (AWS, or the local
   SageMaker when boto3 is pointed at it), read with :func:`lmforge.client.invoke_stream`.
 
@@ -24,8 +26,9 @@ from lmforge.bench.http import HttpClient, HttpError
 from lmforge.bench.metrics import RequestResult
 from lmforge.bench.prompts import Prompt
 
-APIS = ("lmforge", "lmforge-sse", "openai", "sagemaker")
-HTTP_APIS = APIS[:3]
+APIS = ("lmforge", "lmforge-sse", "openai", "openai-chat", "sagemaker")
+HTTP_APIS = APIS[:4]
+OPENAI_PATHS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 
 
 class Target(Protocol):
@@ -87,7 +90,7 @@ class _LmiReader:
 
 
 class _OpenAIReader:
-    """Folds OpenAI completion chunks into a :class:`RequestResult` (tokens from ``usage``)."""
+    """Folds OpenAI completion or chat chunks into a :class:`RequestResult` (tokens from ``usage``)."""
 
     def __init__(self, result: RequestResult, count_tokens: Callable[[str], int] | None) -> None:
         self.result = result
@@ -104,7 +107,10 @@ class _OpenAIReader:
         choices = obj.get("choices")
         if choices:
             self.last = result.chunk(now, self.last)
-            self.parts.append(str(choices[0].get("text") or ""))
+            choice = choices[0]
+            delta = choice.get("delta")  # chat chunks carry their text in delta.content
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            self.parts.append(str(text or ""))
         usage = obj.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("completion_tokens"), int):
@@ -161,18 +167,21 @@ class HttpTarget:
         self.model = model
         self.timeout = timeout
         self.count_tokens = count_tokens
-        self.path = "/v1/completions" if api == "openai" else "/invocations"
+        self.path = OPENAI_PATHS.get(api, "/invocations")
         self.where = url.rstrip("/") + self.path
         self.headers = {"Content-Type": "application/json"}
         if api == "lmforge-sse":
             self.headers["Accept"] = "text/event-stream"
 
     def body(self, prompt: Prompt, output_len: int) -> dict[str, Any]:
-        if self.api != "openai":
+        if self.api not in OPENAI_PATHS:
             return lmi_body(prompt, output_len)
-        body: dict[str, Any] = {
-            "prompt": prompt.text,
-            "max_tokens": output_len,
+        body: dict[str, Any] = (
+            {"prompt": prompt.text, "max_tokens": output_len}
+            if self.api == "openai"
+            else {"messages": [{"role": "user", "content": prompt.text}], "max_completion_tokens": output_len}
+        )
+        body |= {
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -185,7 +194,7 @@ class HttpTarget:
         content = json.dumps(self.body(prompt, output_len)).encode()
         result = RequestResult(prompt_len=prompt.prompt_len)
         result.start = time.perf_counter()
-        reader = _OpenAIReader(result, self.count_tokens) if self.api == "openai" else _LmiReader(result)
+        reader = _OpenAIReader(result, self.count_tokens) if self.api in OPENAI_PATHS else _LmiReader(result)
         try:
             async with asyncio.timeout(self.timeout):
                 await self._read(content, result, reader)

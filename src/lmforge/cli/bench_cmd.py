@@ -83,11 +83,12 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 @click.argument("target")
 @click.option(
     "--api",
-    type=click.Choice(["lmforge", "lmforge-sse", "openai", "sagemaker"]),
+    type=click.Choice(["lmforge", "lmforge-sse", "openai", "openai-chat", "sagemaker"]),
     default="lmforge",
     show_default=True,
-    help="lmforge: POST /invocations, jsonlines; lmforge-sse: the same as SSE; openai: /v1/completions "
-    "(vLLM and other OpenAI-compatible servers); sagemaker: TARGET is an endpoint name.",
+    help="lmforge: POST /invocations, jsonlines; lmforge-sse: the same as SSE; openai: /v1/completions, "
+    "openai-chat: /v1/chat/completions (lmforge, vLLM and other OpenAI-compatible servers); "
+    "sagemaker: TARGET is an endpoint name.",
 )
 @click.option("--concurrency", help="Fixed concurrency, one run per value: e.g. 1,16,64 [default: 1].")
 @click.option("--request-rate", help="Requests per second (Poisson arrivals), one run per value: e.g. 2,8.")
@@ -297,6 +298,6 @@ def _next_steps(
     note("Next:")
     if out is None:
         note("  add --out results.json (and --plot results.png) to keep these figures")
-    if api != "openai":
+    if not api.startswith("openai"):
         note("  compare with a peer on the same model: lmforge bench URL --api openai --model NAME ...")
     note("  metric definitions (vLLM's): docs/benchmarks.md")
