@@ -249,6 +249,11 @@ def main() -> None:
                             url, api, pid = targets[label]
                             rec = measure(url, api, c, model, pid)
                             rounds[label][c].append(rec)
+                            if rec["failed"] or rec["output_throughput"] is None:
+                                errors = rec.get("errors", [])[:3]
+                                raise SystemExit(
+                                    f"round {r + 1} c={c} {label}: {rec['failed']} failed requests: {errors}"
+                                )
                             print(
                                 f"round {r + 1} c={c:<3} {label:<8} {rec['output_throughput']:7.0f} tok/s  "
                                 f"ITL p50 {rec['itl_ms']['p50']:.2f} ms  "

@@ -617,3 +617,43 @@ def test_openai_models_lists_the_served_model(tiny_model: Path) -> None:
         assert (await srv.client.post("/v1/models")).status_code == 405
 
     run(tiny_model, scenario)
+
+
+def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
+    """Found by a review with the official client: ids past the vocabulary, nested token ids, OpenAI's
+    nullable fields sent as null, neutral values of features not served, malformed prompts."""
+
+    async def scenario(srv: Served) -> None:
+        vocab = len(srv.engine.tokenizer)
+        for ids in ([vocab], [1, 2, 999_999]):
+            resp = await srv.client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2})
+            assert (resp.status_code, resp.json()["param"]) == (400, "prompt"), resp.text
+            assert str(vocab) in resp.json()["message"]
+        assert (await srv.client.get("/ping")).status_code == 200
+        ids = srv.engine.tokenizer.encode(PROMPT)
+        nested = await srv.client.post("/v1/completions", json={"prompt": [ids], "max_tokens": 3})
+        assert nested.json()["choices"][0]["text"] == srv.engine.text(PROMPT, 3)
+        nulls = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None}
+        nulls |= {"ignore_eos": None, "min_tokens": None, "logprobs": None, "top_logprobs": None}
+        neutral = {"stop": [], "tools": None, "tool_choice": "none", "response_format": {"type": "text"}}
+        neutral |= {"store": False, "metadata": {}, "parallel_tool_calls": False, "min_p": 0}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **nulls, **neutral}
+        ok = await srv.client.post("/v1/chat/completions", json=chat)
+        assert ok.status_code == 200, ok.text
+        done = await srv.client.post("/v1/completions", json={"prompt": PROMPT, "echo": None, **neutral})
+        assert done.status_code == 200, done.text
+        for body, param in (
+            ({"prompt": ["a", "b"]}, "prompt"),
+            ({"prompt": ""}, "prompt"),
+            ({"prompt": [[1, 2], [3]]}, "prompt"),
+            ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+            ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format.type"),
+            ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
+        ):
+            resp = await srv.client.post("/v1/completions", json=body)
+            assert (resp.status_code, resp.json()["param"]) == (400, param), (body, resp.text)
+        parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+        await srv.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}]})
+        assert "Hello\nworld" in str(srv.engine.seen[-1].prompt)  # text parts joined as vLLM joins them
+
+    run(tiny_model, scenario)

@@ -75,7 +75,7 @@ def test_chat_defaults_follow_openai() -> None:
         }
     )
     assert req.chat
-    assert req.messages == [{"role": "user", "content": "ab"}]
+    assert req.messages == [{"role": "user", "content": "a\nb"}]
     assert req.params.do_sample and req.params.temperature == 1.0
     greedy = parse({"messages": [{"role": "user", "content": "x"}], "temperature": 0, "max_tokens": 7})
     assert not greedy.params.do_sample and greedy.params.max_new_tokens == 7

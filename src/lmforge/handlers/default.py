@@ -120,6 +120,15 @@ class DefaultHandler:
 
     def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
         if req.prompt_ids is not None:
+            # an id past the vocabulary would fail inside the engine's batched step, for every request
+            vocab = len(self.engine.tokenizer)
+            bad = next((t for t in req.prompt_ids if t >= vocab), None)
+            if bad is not None:
+                raise BadRequestError(
+                    f"prompt: token id {bad} is out of range: this model's vocabulary has {vocab} tokens "
+                    f"(ids 0 to {vocab - 1})",
+                    param="prompt",
+                )
             return req.prompt_ids, True
         if not req.chat:
             return req.prompt, True

@@ -43,7 +43,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "\n".join(part.text for part in self.content)  # as vLLM joins text parts
 
 
 class StreamOptions(BaseModel):
@@ -51,8 +51,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class _TextFormat(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+
+
 class _Sampling(BaseModel):
-    """Fields chat and completions share (OpenAI's, then vLLM's extras)."""
+    """Fields chat and completions share: OpenAI's, then vLLM's extras. OpenAI's nullable fields take
+    ``null`` as their default; fields for features lmforge does not serve yet (tools, structured
+    output, ``min_p``, ...) are accepted only at the value that asks for nothing."""
 
     model_config = STRICT
 
@@ -61,22 +68,34 @@ class _Sampling(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stop: StopList | str | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] = 0.0
+    n: Literal[1] | None = 1
+    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = 0.0
+    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = 0.0
     logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
     user: str | None = None
+    store: Literal[False] | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: _TextFormat | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=0.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
-    ignore_eos: bool = False
-    min_tokens: Literal[0] = 0
-    skip_special_tokens: Literal[True] = True
-    spaces_between_special_tokens: Literal[True] = True
-    include_stop_str_in_output: Literal[False] = False
+    ignore_eos: bool | None = False
+    min_tokens: Literal[0] | None = 0
+    skip_special_tokens: Literal[True] | None = True
+    spaces_between_special_tokens: Literal[True] | None = True
+    include_stop_str_in_output: Literal[False] | None = False
     stop_token_ids: Annotated[list[int], Field(max_length=0)] | None = None
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise BadRequestError("stream_options is only allowed with stream=true", param="stream_options")
 
 
 class ChatRequest(_Sampling):
@@ -93,10 +112,14 @@ class CompletionRequest(_Sampling):
         Annotated[str, Field(min_length=1)]
         | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
         | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+            Field(min_length=1, max_length=1),
+        ]
     )
     max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_N)] | None = None
-    echo: bool = False
+    echo: bool | None = False
     suffix: None = None
     best_of: Literal[1] | None = None
 
@@ -106,6 +129,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
         req = ChatRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    req.check_stream_options()
     if req.top_logprobs and not req.logprobs:
         raise BadRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
     max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
@@ -123,14 +147,14 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
         stop=stops(("stop", req.stop)),
         top_n=req.top_logprobs or 0,
         logprobs=bool(req.logprobs),
-        ignore_eos=req.ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
     )
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     return ParsedRequest(
         api="chat",
         prompt="",
         params=params,
-        stream=req.stream,
+        stream=bool(req.stream),
         details=False,
         return_full_text=False,
         messages=messages,
@@ -148,6 +172,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         req = CompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    req.check_stream_options()
     prompt = req.prompt
     ids: list[int] | None = None
     text = ""
@@ -155,8 +180,10 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         text = prompt
     elif isinstance(prompt[0], str):
         text = str(prompt[0])
+    elif isinstance(prompt[0], list):  # one prompt of token ids, nested as OpenAI allows
+        ids = [int(t) for t in prompt[0]]
     else:
-        ids = [int(t) for t in prompt]
+        ids = [int(t) for t in prompt if isinstance(t, int)]
     if req.echo and ids is not None:
         raise BadRequestError("echo needs a text prompt (token ids cannot be echoed as text)", param="echo")
     top_n = req.logprobs or 0
@@ -171,13 +198,13 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         stop=stops(("stop", req.stop)),
         top_n=top_n,
         logprobs=req.logprobs is not None,
-        ignore_eos=req.ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
     )
     return ParsedRequest(
         api="completion",
         prompt=text,
         params=params,
-        stream=req.stream,
+        stream=bool(req.stream),
         details=False,
         return_full_text=False,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
@@ -185,5 +212,5 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         adapter=req.model or None,
         length_field="max_tokens",
         prompt_ids=ids,
-        echo=req.echo,
+        echo=bool(req.echo),
     )

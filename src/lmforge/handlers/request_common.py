@@ -143,7 +143,11 @@ def validation_error(exc: ValidationError) -> BadRequestError:
 
 
 def _is_union_tag(part: str) -> bool:
-    return part.startswith("function-") or "[" in part or part in {"str", "int", "float", "bool"}
+    return (
+        part.startswith(("function-", "constrained-"))
+        or "[" in part
+        or part in {"str", "int", "float", "bool"}
+    )
 
 
 def _preview(value: Any) -> str:
@@ -157,7 +161,7 @@ def stops(*fields: tuple[str, list[str] | str | None]) -> tuple[str, ...]:
     for name, v in fields:
         if v is None:
             continue
-        if not v:  # "" (a list's empty items are refused by the schema)
+        if v == "":  # a list's empty items are refused by the schema; an empty list asks for none
             raise BadRequestError(f"{name}: stop sequences must not be empty", param=name)
         out.extend([v] if isinstance(v, str) else v)
     if len(out) > MAX_STOP_SEQUENCES:
