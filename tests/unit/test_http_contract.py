@@ -657,3 +657,18 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
         assert "Hello\nworld" in str(srv.engine.seen[-1].prompt)  # text parts joined as vLLM joins them
 
     run(tiny_model, scenario)
+
+
+def test_chat_without_a_length_runs_to_the_models_length(tiny_model: Path) -> None:
+    """OpenAI and vLLM: no max_tokens means the rest of the model's length, not LMI's default (30)."""
+
+    async def scenario(srv: Served) -> dict[str, int]:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        out = (await srv.client.post("/v1/chat/completions", json=body)).json()
+        assert out["choices"][0]["finish_reason"] == "length"
+        return dict(out["usage"])
+
+    usage = run(tiny_model, scenario)
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 512  # the scripted engine's length
+    capped = run(tiny_model, scenario, properties="option.max_output_len=40\n")
+    assert capped["completion_tokens"] == 40

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
 from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers.io import Input, Output
@@ -145,6 +146,18 @@ class DefaultHandler:
             ) from None
         return str(text), False
 
+    def _to_model_length(self, prompt: str, params: SamplingParams) -> SamplingParams:
+        """A chat request with no max_tokens may generate up to the model's remaining length (as
+        OpenAI and vLLM do), capped by option.max_output_len; not the LMI default length."""
+        limit = int(getattr(self.engine, "max_model_len", 0) or 0)
+        if limit <= 0:
+            return params
+        room = limit - len(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
+        if self.config.max_output_len is not None:
+            room = min(room, self.config.max_output_len)
+        # no room: the engine's size check refuses the request, naming messages
+        return dataclasses.replace(params, max_new_tokens=room) if room >= 1 else params
+
     async def handle(self, inputs: Input) -> Output:
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
         req = parse_request(
@@ -152,13 +165,16 @@ class DefaultHandler:
         )
         media = self._media_type(req, inputs.get_property("accept"), inputs.route)
         prompt, add_special = self._prompt(req)
+        params = req.params
+        if req.chat and not req.length_given and isinstance(prompt, str):
+            params = self._to_model_length(prompt, params)
         adapter = self._adapter(req, inputs)
         # OpenAI answers name what served them: the adapter, else the model
         served = adapter.name if adapter is not None else self.engine.model_name
         request = GenerationRequest(
             request_id=_request_id(inputs),
             prompt=prompt,
-            params=req.params,
+            params=params,
             add_special_tokens=add_special,
             adapter=adapter,
         )

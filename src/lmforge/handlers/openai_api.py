@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lmforge.engines.protocol import SamplingParams
 from lmforge.errors import BadRequestError
 from lmforge.handlers.request_common import (
     MAX_TOP_N,
@@ -93,6 +94,22 @@ class _Sampling(BaseModel):
     include_stop_str_in_output: Literal[False] | None = False
     stop_token_ids: Annotated[list[int], Field(max_length=0)] | None = None
 
+    def sampling_params(self, max_new_tokens: int, top_n: int, logprobs: bool) -> SamplingParams:
+        """The engine's settings: OpenAI's default temperature is 1.0 (sampling); 0 asks for greedy."""
+        return sampling(
+            max_new_tokens=max_new_tokens,
+            do_sample=None,
+            temperature=self.temperature if self.temperature is not None else 1.0,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            stop=stops(("stop", self.stop)),
+            top_n=top_n,
+            logprobs=logprobs,
+            ignore_eos=bool(self.ignore_eos),
+        )
+
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise BadRequestError("stream_options is only allowed with stream=true", param="stream_options")
@@ -135,20 +152,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
     max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
     fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
     length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
-    params = sampling(
-        max_new_tokens=max_new,
-        do_sample=None,
-        # OpenAI's default temperature is 1.0 (sampling); temperature=0 asks for greedy decoding.
-        temperature=req.temperature if req.temperature is not None else 1.0,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        repetition_penalty=req.repetition_penalty,
-        seed=req.seed,
-        stop=stops(("stop", req.stop)),
-        top_n=req.top_logprobs or 0,
-        logprobs=bool(req.logprobs),
-        ignore_eos=bool(req.ignore_eos),
-    )
+    params = req.sampling_params(max_new, req.top_logprobs or 0, bool(req.logprobs))
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     return ParsedRequest(
         api="chat",
@@ -162,6 +166,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
         logprobs=bool(req.logprobs),
         adapter=req.model or None,
         length_field=length_field,
+        length_given=any(getattr(req, n) for n in fields),
     )
 
 
@@ -187,18 +192,8 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     if req.echo and ids is not None:
         raise BadRequestError("echo needs a text prompt (token ids cannot be echoed as text)", param="echo")
     top_n = req.logprobs or 0
-    params = sampling(
-        max_new_tokens=req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS,
-        do_sample=None,
-        temperature=req.temperature if req.temperature is not None else 1.0,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        repetition_penalty=req.repetition_penalty,
-        seed=req.seed,
-        stop=stops(("stop", req.stop)),
-        top_n=top_n,
-        logprobs=req.logprobs is not None,
-        ignore_eos=bool(req.ignore_eos),
+    params = req.sampling_params(
+        req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, top_n, req.logprobs is not None
     )
     return ParsedRequest(
         api="completion",

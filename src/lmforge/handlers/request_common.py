@@ -48,6 +48,8 @@ class ParsedRequest:
     """The adapter named in the body (LMI ``adapters``; chat ``model`` when it names an adapter)."""
     length_field: str = "parameters.max_new_tokens"
     """The body field that set ``max_new_tokens``, for error messages (chat: ``max_tokens``, ...)."""
+    length_given: bool = True
+    """False for a chat request that set no length: it may run to the end of the model's length."""
     prompt_ids: list[int] | None = None
     """A completions prompt given as token ids (``prompt`` is then empty)."""
     echo: bool = False

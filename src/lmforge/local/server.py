@@ -25,6 +25,7 @@ from typing import Any
 
 from lmforge.local import ACCOUNT_ID, moto_ext
 from lmforge.local.provisioner import Provisioner
+from lmforge.local.registry.process import port_problem
 from lmforge.local.runners import MODES, InstanceRunner
 from lmforge.local.runtime import RuntimeServer
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag, port in (("--port", args.port), ("--runtime-port", args.runtime_port)):
-        problem = _port_problem(args.host, port)
+        problem = port_problem(args.host, port)  # moto's server would hang on a busy port
         if problem:
             logging.getLogger("lmforge.local").error(
                 "cannot listen on %s:%s (%s): %s", args.host, port, flag, problem
@@ -169,21 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         local.stop()
         state_path.unlink(missing_ok=True)
     return 0
-
-
-def _port_problem(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on, or None (moto's server would hang on a busy port)."""
-    if port == 0:
-        return None
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
 
 
 if __name__ == "__main__":

@@ -28,7 +28,10 @@ def _free_port(host: str) -> int:
         return port
 
 
-def _port_problem(host: str, port: int) -> str | None:
+def port_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None (0: any free port, never a problem)."""
+    if port == 0:
+        return None
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -80,7 +83,7 @@ class LocalRegistry(RegistryStorage):
         attempts = 3 if self.port == 0 else 1  # a free port can be taken between choosing and binding
         for attempt in range(attempts):
             self._bound_port = self.port or _free_port(self.host)
-            if problem := _port_problem(self.host, self._bound_port):
+            if problem := port_problem(self.host, self._bound_port):
                 # another server there would answer /v2/ in our registry's place
                 raise RegistryError(f"the registry cannot listen on {self.address}: {problem}")
             self._write_config()
