@@ -569,7 +569,14 @@ for _prefix, _mnt in (
         st.floats(max_value=0) | st.floats(min_value=10.5) | _huge | _nan_inf
     )
     BAD_NUMBERS[_prefix + "seed"] = (
-        st.integers(max_value=-1) | st.integers(min_value=2**63) | _huge | _nan_inf
+        (
+            # LMI: 0 .. 2**63-1; OpenAI: any 64-bit seed, signed or not (as OpenAI and vLLM take it)
+            (st.integers(max_value=-1) | st.integers(min_value=2**63))
+            if _prefix
+            else (st.integers(max_value=-(2**63) - 1) | st.integers(min_value=2**64))
+        )
+        | _huge
+        | _nan_inf
     )
 BAD_NUMBERS["parameters.temperature"] = (
     st.floats(max_value=-1e-9) | st.floats(min_value=100.5) | _huge | _nan_inf

@@ -636,7 +636,7 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
         nulls = {"n": None, "stream": None, "presence_penalty": None, "frequency_penalty": None}
         nulls |= {"ignore_eos": None, "min_tokens": None, "logprobs": None, "top_logprobs": None}
         neutral = {"stop": [], "tools": None, "tool_choice": "none", "response_format": {"type": "text"}}
-        neutral |= {"store": False, "metadata": {}, "parallel_tool_calls": False, "min_p": 0}
+        neutral |= {"store": False, "metadata": {}, "parallel_tool_calls": False, "min_p": 0, "seed": -1}
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **nulls, **neutral}
         ok = await srv.client.post("/v1/chat/completions", json=chat)
         assert ok.status_code == 200, ok.text

@@ -67,7 +67,8 @@ class _Sampling(BaseModel):
     model: str | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**64)] | None = None
+    """Any 64-bit seed, as OpenAI and vLLM take it; folded into lmforge's 0..2**63-1."""
     stop: StopList | str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -103,7 +104,7 @@ class _Sampling(BaseModel):
             top_k=self.top_k,
             top_p=self.top_p,
             repetition_penalty=self.repetition_penalty,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed % 2**63,
             stop=stops(("stop", self.stop)),
             top_n=top_n,
             logprobs=logprobs,
