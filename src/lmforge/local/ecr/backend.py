@@ -10,20 +10,20 @@ from lmforge.local.ecr.errors import live, registry_errors, service_error
 from lmforge.local.ecr.images import RegistryImage, failure, filter_tag_status, find, registry_images
 from lmforge.local.registry import RegistryError
 
+#: the ``ECRBackend`` methods :func:`patch_backend` replaces
+PATCHED_METHODS = (
+    "delete_repository",
+    "list_images",
+    "describe_images",
+    "batch_get_image",
+    "batch_delete_image",
+    "put_image",
+)
+
 
 def patch_backend(backend_cls: Any, exceptions: Any) -> None:
     """Serve ``backend_cls``'s image calls and ``delete_repository`` from the registry :func:`live` names."""
-    original = {
-        name: getattr(backend_cls, name)
-        for name in (
-            "delete_repository",
-            "list_images",
-            "describe_images",
-            "batch_get_image",
-            "batch_delete_image",
-            "put_image",
-        )
-    }
+    original = {name: getattr(backend_cls, name) for name in PATCHED_METHODS}
     invalid = exceptions.InvalidParameterException
 
     def delete_repository(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmforge.local.ecr.backend import patch_backend
+from lmforge.local.ecr.backend import PATCHED_METHODS, patch_backend
 from lmforge.local.ecr.responses import patch_responses
 from lmforge.local.ecr.store import patch_persistence
 from lmforge.local.registry import LocalRegistry
@@ -23,15 +23,7 @@ def check_compatible() -> None:
     models, responses, exceptions = _moto()
     needed: dict[Any, list[str]] = {
         models: ["ECRBackend"],
-        models.ECRBackend: [
-            "_get_repository",
-            "delete_repository",
-            "list_images",
-            "describe_images",
-            "batch_get_image",
-            "batch_delete_image",
-            "put_image",
-        ],
+        models.ECRBackend: ["_get_repository", *PATCHED_METHODS],
         models.Repository: ["is_tag_immutable"],
         responses.ECRResponse: ["describe_images", "list_images", "get_authorization_token", "_get_param"],
         responses: ["ActionResult"],
