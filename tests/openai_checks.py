@@ -67,6 +67,12 @@ def check_openai_client(
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 2})
     assert "min_tokens" in str(caught.value)
+    # a token id past the vocabulary is the client's error, and the engine keeps serving everyone
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=model, prompt=[1, 10**7], max_tokens=2)
+    assert "out of range" in str(caught.value)
+    again = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
+    assert again.choices[0].text == choice.text
 
 
 def run_vllm_bench_serve(url: str, model: str, tokenizer: Path, backend: str, endpoint: str) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from lmforge.testing.server import TEST_ENV
+from lmforge.testing.server import TEST_ENV, free_port
 
 REQUIRE = os.environ.get("LMFORGE_REQUIRE_IMAGE_TESTS") == "1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

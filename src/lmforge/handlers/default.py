@@ -146,17 +146,17 @@ class DefaultHandler:
             ) from None
         return str(text), False
 
-    def _to_model_length(self, prompt: str, params: SamplingParams) -> SamplingParams:
+    def _to_model_length(self, prompt: str, params: SamplingParams) -> tuple[list[int], SamplingParams]:
         """A chat request with no max_tokens may generate up to the model's remaining length (as
-        OpenAI and vLLM do), capped by option.max_output_len; not the LMI default length."""
+        OpenAI and vLLM do), capped by option.max_output_len; not the LMI default length. Returns the
+        rendered prompt's token ids (the engine takes them as they are: tokenized once) and the params."""
+        ids: list[int] = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
         limit = int(getattr(self.engine, "max_model_len", 0) or 0)
-        if limit <= 0:
-            return params
-        room = limit - len(self.engine.tokenizer.encode(prompt, add_special_tokens=False))
+        room = limit - len(ids)
         if self.config.max_output_len is not None:
             room = min(room, self.config.max_output_len)
-        # no room: the engine's size check refuses the request, naming messages
-        return dataclasses.replace(params, max_new_tokens=room) if room >= 1 else params
+        # no room (or no known length): the engine's size check decides, naming messages
+        return ids, dataclasses.replace(params, max_new_tokens=room) if limit > 0 and room >= 1 else params
 
     async def handle(self, inputs: Input) -> Output:
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
@@ -167,7 +167,7 @@ class DefaultHandler:
         prompt, add_special = self._prompt(req)
         params = req.params
         if req.chat and not req.length_given and isinstance(prompt, str):
-            params = self._to_model_length(prompt, params)
+            prompt, params = self._to_model_length(prompt, params)
         adapter = self._adapter(req, inputs)
         # OpenAI answers name what served them: the adapter, else the model
         served = adapter.name if adapter is not None else self.engine.model_name
@@ -272,20 +272,19 @@ class DefaultHandler:
         """``GET /v1/models``: the served model, then each registered adapter (its parent: the model)."""
         base = self.engine.model_name
         created = int(self.started)
-        data = [{"id": base, "object": "model", "created": created, "owned_by": "lmforge", "root": base}]
-        if self.adapters is not None:
-            for adapter in self.adapters.all():
-                data.append(
-                    {
-                        "id": adapter.name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "lmforge",
-                        "root": adapter.name,
-                        "parent": base,
-                    }
-                )
-        return {"object": "list", "data": data}
+
+        def entry(name: str, **parent: str) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "lmforge",
+                "root": name,
+                **parent,
+            }
+
+        adapters = self.adapters.all() if self.adapters is not None else []
+        return {"object": "list", "data": [entry(base), *(entry(a.name, parent=base) for a in adapters)]}
 
     @staticmethod
     def _cut_short(last: GenerationEvent) -> GenerationEvent:

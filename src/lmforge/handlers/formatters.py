@@ -152,6 +152,7 @@ class _OpenAIFormatter:
     """What OpenAI's chat and completions answers share: id, created, model, usage."""
 
     object_name = ""
+    """The ``object`` of streamed chunks (and of completions answers)."""
     id_prefix = ""
 
     def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False) -> None:
@@ -261,7 +262,7 @@ class ChatFormatter(_OpenAIFormatter):
             ),
             "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
         }
-        return self._finish(self._envelope("chat.completion.chunk", [choice]), event)
+        return self._finish(self._envelope(self.object_name, [choice]), event)
 
 
 class CompletionFormatter(_OpenAIFormatter):
@@ -299,7 +300,7 @@ class CompletionFormatter(_OpenAIFormatter):
             "logprobs": self._logprobs(self.tokens),
             "finish_reason": _CHAT_FINISH[last.finish_reason],
         }
-        return {**self._envelope("text_completion", [choice]), "usage": self.usage(last)}
+        return {**self._envelope(self.object_name, [choice]), "usage": self.usage(last)}
 
     def chunk(self, event: GenerationEvent) -> dict[str, Any]:
         tokens = [event.token] if event.token is not None else []
@@ -312,4 +313,4 @@ class CompletionFormatter(_OpenAIFormatter):
             "logprobs": self._logprobs(tokens),
             "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
         }
-        return self._finish(self._envelope("text_completion", [choice]), event)
+        return self._finish(self._envelope(self.object_name, [choice]), event)
