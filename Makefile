@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 # vLLM: the CUDA build where an NVIDIA driver is present, else the CPU build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda || echo vllm)
-EXTRAS  ?= server,lmi-dist,local,$(VLLM_EXTRA),bench,dev
+EXTRAS  ?= server,lmi-dist,models,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
 .PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-images clean
@@ -22,9 +22,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`)
+# everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`).
+# Two pytest-xdist workers: the suite mostly waits on server processes, containers and the image
+# build; tests that share a server stay on one worker (tests/conftest.py names the groups).
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # the inner loop (about a minute): unit tests and the in-process HTTP contract; no server processes,
 # no vLLM engine, no load tests, no image builds

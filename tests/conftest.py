@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,42 @@ def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
             tiny_model, root / "a3", seed=3, rank=16, targets=("gate_proj", "up_proj", "down_proj")
         ),
     }
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.image.early_build import EarlyBuild
+
+    EarlyBuild.clear(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.image.early_build import EarlyBuild
+
+    EarlyBuild.stop(session.config)
+
+
+#: Test files that share an expensive server or build, kept on one pytest-xdist worker by ``make test``
+#: (``-n 2 --dist loadscope``); any other file is a group of its own (its module-scoped servers).
+_SHARED_GROUPS = {
+    "tests/integration/test_vllm.py": "vllm",
+    "tests/integration/test_vllm_lora.py": "vllm",
+    "tests/integration/test_local_sagemaker.py": "local-sagemaker",
+    "tests/integration/test_local_adapters.py": "local-sagemaker",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope``: the groups above, every image test in one (one image build)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServerScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            if path.startswith("tests/image/"):
+                return "image"
+            return _SHARED_GROUPS.get(path, path)
+
+    return SharedServerScheduling(config, log)

@@ -9,12 +9,8 @@ the tests themselves, ``LMFORGE_IMAGE_TESTS_REUSE=REF`` runs them against an ima
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import signal
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +22,7 @@ import httpx
 import pytest
 
 from lmforge.testing.server import TEST_ENV, free_port
+from tests.image.early_build import EarlyBuild
 
 REQUIRE = os.environ.get("LMFORGE_REQUIRE_IMAGE_TESTS") == "1"
 
@@ -55,47 +52,6 @@ def engine() -> Any:
     return container_engine()
 
 
-class EarlyBuild:
-    """The cold build of the cpu image, started in its own process as soon as the session knows it
-    has image tests (they run last), so that it overlaps the other tests instead of adding to them."""
-
-    def __init__(self, root: Path) -> None:
-        self.tag = f"localhost/lmforge-test/cpu:{uuid.uuid4().hex[:8]}"
-        self.result_path = root / "build-result.json"
-        self.log_path = root / "build.log"
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).with_name("build_cpu.py")),
-                    self.tag,
-                    str(self.result_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # stop() ends podman with it
-            )
-
-    def wait(self) -> Any:
-        from lmforge.container.build import BuildResult
-
-        code = self.proc.wait(1800)
-        if code != 0:
-            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-30:])
-            pytest.fail(f"building the cpu image failed (exit {code}):\n{tail}")
-        return BuildResult(**json.loads(self.result_path.read_text()))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(60)
-
-
-_EARLY: list[EarlyBuild] = []
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Image tests run last, and their image starts building now (after -m/-k deselection)."""
@@ -109,17 +65,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         detect()
     except EngineError:
         return  # the engine fixture skips (or fails under LMFORGE_REQUIRE_IMAGE_TESTS=1)
-    root = Path(tempfile.mkdtemp(prefix="lmforge-image-tests-"))
-    _EARLY.append(EarlyBuild(root))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for build in _EARLY:
-        build.stop()
+    EarlyBuild.start_once(config)
 
 
 @pytest.fixture(scope="session")
-def cpu_image(engine: Any) -> Iterator[BuiltImage]:
+def cpu_image(engine: Any, request: pytest.FixtureRequest) -> Iterator[BuiltImage]:
     """``lmforge container build cpu --no-cache`` (on the Debian-made base when the pinned one is absent)."""
     from lmforge.container.build import BuildResult
 
@@ -129,9 +79,7 @@ def cpu_image(engine: Any) -> Iterator[BuiltImage]:
         engine.tag(reuse, tag)
         result = BuildResult(tag, "(reused)", 0.0, engine.image_size(tag), engine.kind)
     else:
-        if not _EARLY:  # collected without the hook (a single test by node id still passes through it)
-            _EARLY.append(EarlyBuild(Path(tempfile.mkdtemp(prefix="lmforge-image-tests-"))))
-        result = _EARLY[0].wait()
+        result = EarlyBuild.start_once(request.config).wait()
         tag = result.tag
     data = engine.inspect_image(tag)
     labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}

@@ -94,6 +94,19 @@ def greedy(url: str, prompt: str, n: int = 12) -> dict[str, Any]:
     return out
 
 
+def assert_same_answer(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The same text and tokens; log-probs equal up to float noise (the same request can land on other
+    KV-cache blocks, padded into another batch shape, after a burst of work)."""
+    assert got["generated_text"] == expected["generated_text"], (got, expected)
+    tokens, want = got["details"]["tokens"], expected["details"]["tokens"]
+    assert [(t["id"], t["text"]) for t in tokens] == [(t["id"], t["text"]) for t in want], (got, expected)
+    for t, w in zip(tokens, want, strict=True):
+        assert math.isclose(t["log_prob"], w["log_prob"], abs_tol=1e-4), (t, w)
+    assert {k: v for k, v in got["details"].items() if k != "tokens"} == {
+        k: v for k, v in expected["details"].items() if k != "tokens"
+    }
+
+
 # --------------------------------------------------------------------------- 1. 256 concurrent streams
 
 
@@ -266,7 +279,7 @@ def test_clients_disconnecting_at_random_points_leave_no_engine_work(load_server
     assert generated < 96 * 200 / 2, generated  # abandoned requests stopped generating
     # ... and the server still serves, the same answers as before
     assert httpx.get(url + "/ping", timeout=5).status_code == 200
-    assert greedy(url, probe) == expected
+    assert_same_answer(greedy(url, probe), expected)
     counts = {p: points.count(p) for p in sorted(set(points))}
     print(
         f"disconnects: {counts}; engine idle {settle:.2f} s after; {aborted:g} aborted, {generated:g} tokens"
@@ -331,15 +344,17 @@ def test_sigterm_under_load_finishes_or_ends_every_stream_and_exits_zero(
 ) -> None:
     """SIGTERM with more queued work than the drain allows (about 60 s of it).
 
-    Streams finish normally, or, when still running at the drain deadline (20 s), end with a final
-    error line; queued requests whose stream had not started get a 503; the process exits 0 before
-    SageMaker's SIGKILL at 30 s. New requests get 503 while the app still sees
+    With ``SERVING_SHUTDOWN_TIMEOUT=12`` (the default 25 s is kept by tests/integration/test_server.py
+    and the image tests): streams finish normally, or, when still running at the drain deadline
+    (5 s before the timeout), end with a final error line; queued requests whose stream had not
+    started get a 503; the process exits 0 within the timeout. New requests get 503 while the app still sees
     them; uvicorn closes its listening socket within one 0.1 s tick of the signal (``Server.shutdown``
     closes the listeners first), after which new connections are refused (or reset, for one the kernel
     had accepted just before): that is how uvicorn drains.
     """
     model = with_properties(tiny_model, tmp_path / "m", **{"option.max_rolling_batch_size": "4"})
-    srv = RemoteServer(model).start()
+    timeout_s = 12
+    srv = RemoteServer(model, env={"SERVING_SHUTDOWN_TIMEOUT": str(timeout_s)}).start()
     assert srv.proc is not None
     try:
         short = {
@@ -379,11 +394,11 @@ def test_sigterm_under_load_finishes_or_ends_every_stream_and_exits_zero(
     finally:
         srv.stop()
     assert code == 0, srv.logs()
-    assert exited < 30
+    assert exited < timeout_s, srv.logs()
     finished = errored = rejected = 0
     for body, r in zip(bodies, results, strict=True):
         assert r.error is None, (r.error, r.lines[-1:])  # no stream was cut without a final line
-        assert r.ended_at is not None and r.ended_at - sent < 30
+        assert r.ended_at is not None and r.ended_at - sent < timeout_s
         if r.status == 503:  # queued: the stream had not started
             assert r.body["type"] in ("not_ready", "engine_dead"), r.body
             rejected += 1
@@ -982,7 +997,7 @@ def test_10000_malformed_bodies_over_one_connection_get_clear_4xx(load_server: R
     assert sent >= 10_000
     assert len(connects) == 1, "the server closed the keep-alive connection"
     assert httpx.get(url + "/ping", timeout=5).status_code == 200
-    assert greedy(url, "class Node:\n    ") == expected
+    assert_same_answer(greedy(url, "class Node:\n    "), expected)
     wait_until(lambda: idle(url), 5)
 
 

@@ -50,6 +50,7 @@ EXPECTED_KEYS: dict[str, tuple[str, object]] = {
     "option.default_max_new_tokens": ("default_max_new_tokens", 30),
     "job_queue_size": ("job_queue_size", 1000),
     "max_request_size": ("max_request_size", 6291456),
+    "shutdown_timeout": ("shutdown_timeout", 25),
 }
 
 

@@ -93,3 +93,16 @@ def test_parse_body() -> None:
         with pytest.raises(BadRequestError) as err:
             parse_body(raw, ctype)
         assert err.value.param == "body"
+
+
+def test_a_field_nested_as_deep_as_the_parser_allows_is_a_400_naming_it() -> None:
+    """The deepest body ``json.loads`` still accepts: showing the bad value in the message must not
+    recurse past the limit (it was a 424 RecursionError, found under load by tests/integration)."""
+    import sys
+
+    deep: object = "x"
+    for _ in range(sys.getrecursionlimit() * 2):  # deeper than any recursive encoder can walk
+        deep = [deep]
+    with pytest.raises(BadRequestError) as err:
+        parse({"inputs": "x", "adapters": deep})
+    assert err.value.param == "adapters" and "(got [[[" in err.value.message

@@ -276,6 +276,15 @@ class ServingConfig(BaseModel):
         "limit is 6 MB)",
         json_schema_extra=_key("max_request_size"),
     )
+    shutdown_timeout: int = Field(
+        default=25,
+        ge=6,
+        le=3600,
+        description="seconds from SIGTERM to exit: requests in flight may finish until 5 s before, "
+        "then end with an error line (SageMaker sends SIGKILL 30 s after SIGTERM; raise it where "
+        "the platform waits longer, e.g. Kubernetes' terminationGracePeriodSeconds)",
+        json_schema_extra=_key("shutdown_timeout"),
+    )
     model_dir: Path | None = Field(
         default=None,
         description="the model folder given to lmforge (not a properties key)",

@@ -93,7 +93,8 @@ def render_reference_markdown(sections: Sequence[str] = ()) -> str:
         "| `OPTION_<KEY>` | `option.<key>` (lower-cased when all capitals) |",
         "| `OPTION_ENTRYPOINT` | `option.entryPoint` |",
         "| `OPTION_ENGINE` | `engine` |",
-        "| `SERVING_JOB_QUEUE_SIZE`, `SERVING_MAX_REQUEST_SIZE` | `job_queue_size`, `max_request_size` |",
+        "| `SERVING_JOB_QUEUE_SIZE`, `SERVING_MAX_REQUEST_SIZE`, `SERVING_SHUTDOWN_TIMEOUT` | "
+        "`job_queue_size`, `max_request_size`, `shutdown_timeout` |",
     ]
     lines += [f"| `{name}` | `{key}` |" for name, key in ALIAS_ENV.items()]
     lines += [f"| `{name}` | `{key}` |" for name, key in SAGEMAKER_ENV.items()]

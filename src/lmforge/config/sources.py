@@ -9,8 +9,9 @@ Precedence, highest first (LMI's rules):
    warning).
 3. `OPTION_<KEY>` -> `option.<key>`, the key lower-cased when it is all capitals (`OPTION_entryPoint`
    keeps its case; `OPTION_ENTRYPOINT` -> `option.entryPoint`, `OPTION_ENGINE` -> `engine`), and
-   `SERVING_<KEY>` -> `<key>` lower-cased, for the server keys `job_queue_size` and
-   `max_request_size` only (other `SERVING_*` variables are left to the tools they belong to).
+   `SERVING_<KEY>` -> `<key>` lower-cased, for the server keys `job_queue_size`,
+   `max_request_size` and `shutdown_timeout` only (other `SERVING_*` variables are left to the tools
+   they belong to).
 4. Alias variables: `HF_MODEL_ID`, `HF_REVISION`, `TENSOR_PARALLEL_DEGREE`, `PIPELINE_PARALLEL_DEGREE`
    and TGI's `HF_MODEL_TRUST_REMOTE_CODE`, `HF_MODEL_QUANTIZE`, `MAX_BATCH_SIZE`,
    `MAX_CONCURRENT_REQUESTS`. When an `OPTION_*`/`SERVING_*` variable sets the same key, it wins.

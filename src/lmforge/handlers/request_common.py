@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 import sys
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -153,7 +154,13 @@ def _is_union_tag(part: str) -> bool:
 
 
 def _preview(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    """At most 60 characters of ``value`` for an error message, whatever its depth or size."""
+    try:
+        text = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    except (RecursionError, ValueError, TypeError):
+        # nested nearly as deep as the parser allowed: encoding it again (one stack frame deeper
+        # per level, from deeper in the call stack) can exceed the recursion limit
+        text = reprlib.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

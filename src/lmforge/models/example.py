@@ -168,7 +168,7 @@ def _save_model(tokenizer: PreTrainedTokenizerFast, seed: int, out: Path) -> int
     return int(params)
 
 
-def _check_destination(out: Path, overwrite: bool) -> None:
+def check_destination(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -193,7 +193,7 @@ def write_example_model(
     receives a short line before each step. Every file written has mode 0644.
     """
     out = Path(path)
-    _check_destination(out, overwrite)
+    check_destination(out, overwrite)
     say: Progress = progress or (lambda _line: None)
     out.mkdir(parents=True, exist_ok=True)
 

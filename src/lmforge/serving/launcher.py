@@ -3,10 +3,11 @@
 The port is bound before the model loads, so ``/ping`` answers 503 while loading (SageMaker polls it
 within ``ContainerStartupHealthCheckTimeoutInSeconds``). Loading has ``option.model_loading_timeout``;
 a model that fails or times out makes the process exit non-zero, as a container would. On SIGTERM the
-server stops admitting (503), lets in-flight requests finish for up to ``END_IN_FLIGHT_S``, then ends
-the rest (their streams end with an error line, queued requests get 503) and shuts the engine down, so
-every client has a complete answer and the process exits 0 well before SageMaker's SIGKILL (30 s after
-SIGTERM). uvicorn closes its listening socket at once, so new connections are refused while draining.
+server stops admitting (503), lets in-flight requests finish until 5 s before ``shutdown_timeout``
+(25 s by default), then ends the rest (their streams end with an error line, queued requests get 503)
+and shuts the engine down, so every client has a complete answer and the process exits 0 before
+SageMaker's SIGKILL (30 s after SIGTERM). uvicorn closes its listening socket at once, so new
+connections are refused while draining.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.serving")
 
 DEFAULT_PORT = 8080
-DRAIN_S = 25
-#: Seconds of draining after which requests still in flight are ended with an error: uvicorn cancels
-#: what is left at DRAIN_S (a cut stream, a 500 for a queued request), and the engine needs time to stop.
-END_IN_FLIGHT_S = 20
+#: Seconds before the end of the drain (``shutdown_timeout``) at which requests still in flight are
+#: ended with an error: uvicorn cancels what is left at the end (a cut stream, a 500 for a queued
+#: request), and the engine needs time to stop.
+END_IN_FLIGHT_MARGIN_S = 5
 
 
 def resolve_port(port: int | None) -> int:
@@ -120,7 +121,7 @@ def serve(
         log_level=log_level.lower(),
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=DRAIN_S,
+        timeout_graceful_shutdown=config.shutdown_timeout,
         timeout_keep_alive=75,
         h11_max_incomplete_event_size=4 * 2**20,
     )
@@ -176,8 +177,9 @@ def make_server(config: Any, state: ServerState) -> Any:
                 state.phase = Phase.DRAINING
                 state.detail = "shutting down"
             if state.drain_deadline is None:
-                state.drain_deadline = time.monotonic() + END_IN_FLIGHT_S
-                log.info("signal %d: draining in-flight requests (up to %d s)", sig, DRAIN_S)
+                drain_s = config.timeout_graceful_shutdown
+                state.drain_deadline = time.monotonic() + drain_s - END_IN_FLIGHT_MARGIN_S
+                log.info("signal %d: draining in-flight requests (up to %d s)", sig, drain_s)
             super().handle_exit(sig, frame)
 
         @contextlib.contextmanager

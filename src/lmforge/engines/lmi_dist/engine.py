@@ -105,7 +105,8 @@ class LmiDistEngine(EngineBase):
             live.wake.set()
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            await asyncio.to_thread(manager.stop, block=True, timeout=10)
+            # the streams were told above; a flush would finish (or wait out) their generation first
+            await asyncio.to_thread(manager.stop, block=True, timeout=10, hard_stop=True)
         if self._followers is not None:
             await asyncio.to_thread(self._followers.stop)
 
