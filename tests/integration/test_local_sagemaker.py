@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,34 @@ def _container_pid(local: dict[str, str], name: str) -> int:
     info = json.loads(infos[-1].read_text())
     assert info["mode"] == "process"
     return int(info["pid"])
+
+
+def test_a_non_streamed_reply_through_the_response_stream_ends_the_sdks_line_iterator(
+    endpoint: str, clients: dict[str, Any]
+) -> None:
+    """A request without ``stream`` sent through ``invoke_endpoint_with_response_stream`` gets one JSON
+    body; it ends with a newline, so the SageMaker SDK's LineIterator (which loops forever on a last
+    line without one) yields it and stops. Read in a thread, so a regression fails instead of hanging."""
+    from sagemaker.iterators import LineIterator
+
+    smr = clients["sagemaker-runtime"]
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 8}}
+    resp = smr.invoke_endpoint_with_response_stream(
+        EndpointName=endpoint, Body=json.dumps(body), ContentType="application/json"
+    )
+    assert resp["ContentType"] == "application/json"
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.extend(LineIterator(resp["Body"])), daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "LineIterator never ended: the body's last line has no newline"
+    assert len(lines) == 1
+    reply = json.loads(lines[0])
+    expected = smr.invoke_endpoint(
+        EndpointName=endpoint, Body=json.dumps(body), ContentType="application/json"
+    )
+    assert reply == json.loads(expected["Body"].read())
+    assert isinstance(reply["generated_text"], str) and reply["generated_text"]
 
 
 def test_container_death_mid_stream_is_a_model_stream_error(

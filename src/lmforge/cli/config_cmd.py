@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from lmforge.config import ResolvedConfig
 
 
 @click.group("config")
@@ -31,3 +35,19 @@ def show_command(model_dir: Path) -> None:
     for warning in resolved.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(render_config(resolved, include_warnings=False), nl=False)
+    click.echo("")
+    click.echo(f"handler on this machine (option.rolling_batch={resolved.config.rolling_batch}):")
+    for line in _handler_lines(resolved):
+        click.echo(f"  {line}")
+
+
+def _handler_lines(resolved: ResolvedConfig) -> list[str]:
+    """What serves this folder here: its model.py, or the backend ``option.rolling_batch`` gives (why)."""
+    from lmforge.engines.registry import explain_choice
+    from lmforge.handlers.custom import find_entry_point
+
+    config = resolved.config
+    entry_point = find_entry_point(config.model_dir, config.entry_point)
+    if entry_point is not None:
+        return [f"custom: {entry_point} (handle(inputs) serves; option.rolling_batch is for it to use)"]
+    return explain_choice(config.rolling_batch)

