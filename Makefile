@@ -9,7 +9,7 @@ VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda ||
 EXTRAS  ?= server,lmi-dist,models,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-images clean
+.PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-real bench-images clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -78,6 +78,16 @@ bench: install
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai-chat && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py; \
+	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
+	$(BIN)/python bench/report.py
+
+# the engines, frontend-overhead and batching scenarios on SmolLM2-135M (real weights, about 20 min):
+# bench/results/*-smollm2-135m.json, side by side with the tiny model's in docs/performance.md
+bench-real: install
+	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py --model smollm2-135m --repeats 1
+	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
+		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --model smollm2-135m --rounds 3 && \
+		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py --model smollm2-135m; \
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
 	$(BIN)/python bench/report.py
 

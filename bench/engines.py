@@ -1,12 +1,13 @@
-"""Engines: LMI-Dist vs vLLM, both through `lmforge serve`, same tiny model, concurrency 32.
+"""Engines: LMI-Dist vs vLLM, both through `lmforge serve`, same model, concurrency 32.
 
-Both servers run at once (LMI-Dist with the example model's serving.properties, vLLM with the
-settings of bench/frontend_overhead.py, both fp32 and 32+ sequences per batch); the same client
+Both servers run at once (LMI-Dist with the tiny example model's serving.properties, vLLM with the
+settings of bench/frontend_overhead.py, both fp32 and 32+ sequences per batch) on the tiny model or,
+with ``--model smollm2-135m``, on the real 135 M model (engines-smollm2-135m.json); the same client
 (`lmforge.bench`, LMI jsonlines) loads them alternately, round by round, and the figures are
 medians over the rounds. Writes bench/results/engines.json with ``ratio`` = LMI-Dist output
 tokens/s / vLLM output tokens/s (target >= 0.8).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py [--rounds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py [--rounds 3] [--model tiny|smollm2-135m]
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 NAME = "engines"
 
-from bench.frontend_overhead import INPUT_LEN, OUTPUT_LEN, lmforge_server, server_env, vllm_model  # noqa: E402
+from bench.frontend_overhead import (  # noqa: E402
+    INPUT_LEN,
+    OUTPUT_LEN,
+    lmforge_server,
+    properties,
+    server_env,
+    vllm_model,
+)
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name  # noqa: E402
 
 CONCURRENCY = 32
 REQUESTS = 128
@@ -52,15 +61,19 @@ def measure(url: str, model: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    parser.add_argument("--model", choices=MODELS, default=TINY, help="the model both engines serve")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    name = result_name(NAME, args.model)
+    out = args.out or RESULTS / f"{name}.json"
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {"lmi-dist": [], "vllm": []}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        vllm_dir = vllm_model(tmp / "vllm")
+        vllm_dir = vllm_model(tmp / "vllm", args.model)
         lmi_dir = tmp / "lmi-dist"
         shutil.copytree(vllm_dir, lmi_dir)
+        # the tiny example model's LMI-Dist settings fit any model (fp32, 32 sequences, 1024 tokens)
         from lmforge.models.example import SERVING_PROPERTIES
 
         (lmi_dir / "serving.properties").write_text(SERVING_PROPERTIES)
@@ -82,8 +95,9 @@ def main() -> None:
     medians = {k: statistics.median(r["output_throughput"] for r in v) for k, v in runs.items()}
     sample = runs["vllm"][0]
     result = {
-        "name": NAME,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py",
+        "name": name,
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py"
+        + (f" --model {args.model}" if args.model != TINY else ""),
         "ratio": medians["lmi-dist"] / medians["vllm"],
         "target": TARGET,
         "output_throughput": medians,
@@ -92,7 +106,8 @@ def main() -> None:
         "ttft_ms_p50": {k: statistics.median(r["ttft_ms"]["p50"] for r in v) for k, v in runs.items()},
         "failed": {k: sum(r["failed"] for r in v) for k, v in runs.items()},
         "settings": {
-            "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
+            "model": DESCRIPTIONS[args.model],
+            "model_key": args.model,
             "concurrency": CONCURRENCY,
             "requests": REQUESTS,
             "input_len": INPUT_LEN,
@@ -101,23 +116,17 @@ def main() -> None:
             "lmi_dist_properties": [
                 line for line in lmi_properties.splitlines() if line and not line.startswith("#")
             ],
-            "vllm_properties": _properties_lines(),
+            "vllm_properties": properties(args.model).strip().splitlines(),
         },
         "versions": sample["versions"],
         "machine": sample["machine"],
         "wall_s": round(time.monotonic() - started, 1),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(report(result))
-    print(f"wrote {args.out}")
-
-
-def _properties_lines() -> list[str]:
-    from bench.frontend_overhead import PROPERTIES
-
-    return PROPERTIES.strip().splitlines()
+    print(f"wrote {out}")
 
 
 #: Where LMI-Dist's time goes at this load (py-spy, 200 Hz, 12 s of `lmforge bench --concurrency 32`
@@ -145,19 +154,23 @@ def report(result: dict[str, Any]) -> str:
         for name in ("lmi-dist", "vllm")
     )
     met = "met" if result["ratio"] >= result["target"] else "MISSED"
-    return f"""## Engines: LMI-Dist vs vLLM (`bench/engines.py`)
+    key = s.get("model_key", TINY)
+    model = "the example model in fp32" if key == TINY else DESCRIPTIONS[key]
+    title = "" if key == TINY else f", {key}"
+    profile = PROFILE if result["ratio"] < result["target"] and key == TINY else ""
+    return f"""## Engines: LMI-Dist vs vLLM{title} (`bench/engines.py`)
 
-Both through `lmforge serve` (LMI jsonlines), the example model in fp32, concurrency
+Both through `lmforge serve` (LMI jsonlines), {model}, concurrency
 {s["concurrency"]}, {s["requests"]} requests per run, {s["input_len"]} prompt tokens,
 {s["output_len"]} output tokens (EOS ignored); both servers up at once, loaded alternately for
-{s["rounds"]} rounds; medians over the rounds. Result: `bench/results/engines.json`.
+{s["rounds"]} rounds; medians over the rounds. Result: `bench/results/{result["name"]}.json`.
 
 | engine | output tok/s (median) | rounds | TPOT p50 (ms) | TTFT p50 (ms) |
 | --- | --- | --- | --- | --- |
 {rows}
 
 Ratio LMI-Dist / vLLM: **{result["ratio"]:.2f}x** (target >= {result["target"]}x: {met}).
-{PROFILE if result["ratio"] < result["target"] else ""}"""
+{profile}"""
 
 
 if __name__ == "__main__":

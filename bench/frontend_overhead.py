@@ -1,7 +1,8 @@
 """Frontend overhead: `lmforge serve` over vLLM vs vLLM's own OpenAI server, same model and engine.
 
-Both servers run at once on the tiny example model with the same vLLM engine settings (fp32, eager,
-256 MiB KV cache, 64 sequences, no prefix caching). The load generator (`lmforge.bench`, the same
+Both servers run at once on the tiny example model (or, with ``--model smollm2-135m``, the real
+135 M model: result file ``...-smollm2-135m.json``) with the same vLLM engine settings (fp32, eager,
+a fixed KV cache, 64 sequences, no prefix caching). The load generator (`lmforge.bench`, the same
 client for both) alternates between them round by round (A B, B A, ...) at concurrency 1, 16 and
 64; each figure is the median over the rounds. Writes bench/results/frontend-overhead-vllm.json with
 a top-level ``ratio`` = lmforge output tokens/s / vLLM server output tokens/s, the lowest over the
@@ -12,6 +13,7 @@ SSE; ``--api openai`` loads both on the same route and framing (``/v1/completion
 ``stream_options.include_usage``): the like-for-like figure, in frontend-overhead-vllm-openai.json.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3] [--api openai]
+        [--model tiny|smollm2-135m]
 """
 
 from __future__ import annotations
@@ -35,40 +37,51 @@ import httpx
 from lmforge.testing.server import TEST_ENV, VLLM_ENV, RemoteServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, TINY, result_name, write_model  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 NAME = "frontend-overhead-vllm"
 
 
 MAX_SEQS = 64
-KV_CACHE_MB = 256
+#: vLLM's KV cache by model: the 135 M model needs 46 KiB per token in fp32, 64 x 96 tokens at most
+KV_CACHE_MB = {TINY: 256, SMOLLM2: 512}
 MAX_MODEL_LEN = 1024
-#: the engine settings, as serving.properties for lmforge ...
-PROPERTIES = f"""\
+CONCURRENCY = (1, 16, 64)
+#: requests per run by model and concurrency (c=1: enough that one slow second does not decide it;
+#: fewer on the 135 M model, where one request takes seconds)
+REQUESTS = {TINY: {1: 48, 16: 64, 64: 128}, SMOLLM2: {1: 8, 16: 32, 64: 64}}
+INPUT_LEN = 32
+OUTPUT_LEN = 64
+
+
+def properties(model: str = TINY) -> str:
+    """The engine settings as serving.properties for lmforge ..."""
+    return f"""\
 option.rolling_batch=vllm
 option.dtype=fp32
 option.max_model_len={MAX_MODEL_LEN}
 option.max_rolling_batch_size={MAX_SEQS}
 option.enforce_eager=true
-option.kv_cache_memory_mb={KV_CACHE_MB}
+option.kv_cache_memory_mb={KV_CACHE_MB[model]}
 option.enable_prefix_caching=false
 """
-#: ... and as `vllm serve` arguments
-VLLM_ARGS = [
-    *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_SEQS)),
-    *("--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_MB * 2**20), "--no-enable-prefix-caching"),
-]
-CONCURRENCY = (1, 16, 64)
-REQUESTS = {1: 48, 16: 64, 64: 128}  # c=1: enough requests that one slow second does not decide it
-INPUT_LEN = 32
-OUTPUT_LEN = 64
 
 
-def vllm_model(folder: Path) -> Path:
-    """The example model with the vLLM serving.properties."""
-    from lmforge.models.example import write_example_model
+def vllm_args(model: str = TINY) -> list[str]:
+    """... and as `vllm serve` arguments."""
+    return [
+        *("--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_SEQS)),
+        *("--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_MB[model] * 2**20)),
+        "--no-enable-prefix-caching",
+    ]
 
-    write_example_model(folder)
-    (folder / "serving.properties").write_text(PROPERTIES)
+
+def vllm_model(folder: Path, model: str = TINY) -> Path:
+    """``model`` with the vLLM serving.properties."""
+    write_model(model, folder)
+    (folder / "serving.properties").write_text(properties(model))
     return folder
 
 
@@ -89,7 +102,7 @@ def lmforge_server(model: Path, env: dict[str, str], timeout: float = 400) -> It
 class VllmServer:
     """`vllm serve` (vLLM's OpenAI-compatible server) in a subprocess."""
 
-    def __init__(self, model: Path, env: dict[str, str], log: Path) -> None:
+    def __init__(self, model: Path, env: dict[str, str], log: Path, name: str = TINY) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
@@ -99,7 +112,7 @@ class VllmServer:
         api_server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
         cmd = [*api_server, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
-            [*cmd, "--served-model-name", "tiny", *VLLM_ARGS],
+            [*cmd, "--served-model-name", name, *vllm_args(name)],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -145,7 +158,9 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def measure(url: str, api: str, concurrency: int, model: Path, pid: int | None = None) -> dict[str, Any]:
+def measure(
+    url: str, api: str, concurrency: int, model: Path, pid: int | None = None, name: str = TINY
+) -> dict[str, Any]:
     """One run; with ``pid`` (the server's process) also the CPU it and its children (the engine
     core) spent per output token, warm-up included. On a shared machine this moves far less than
     throughput does, since time spent waiting for a core is not counted."""
@@ -154,12 +169,12 @@ def measure(url: str, api: str, concurrency: int, model: Path, pid: int | None =
     config = BenchConfig(
         target=url,
         api=api,
-        num_requests=REQUESTS[concurrency],
+        num_requests=REQUESTS[name][concurrency],
         input_len=INPUT_LEN,
         output_len=OUTPUT_LEN,
         seed=0,
         warmup=min(concurrency, 8),
-        model="tiny" if api == "openai" else None,
+        model=name if api == "openai" else None,
         tokenizer=str(model),
     )
     kids = descendants(pid) if pid is not None else []
@@ -185,11 +200,11 @@ def _median_cpu(records: list[dict[str, Any]], part: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def compare(rounds: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+def compare(rounds: dict[str, dict[int, list[dict[str, Any]]]], name: str = TINY) -> list[dict[str, Any]]:
     rows = []
     for c in CONCURRENCY:
         ours, theirs = rounds["lmforge"][c], rounds["vllm"][c]
-        row: dict[str, Any] = {"concurrency": c, "requests": REQUESTS[c]}
+        row: dict[str, Any] = {"concurrency": c, "requests": REQUESTS[name][c]}
         for label, recs in (("lmforge", ours), ("vllm", theirs)):
             row[label] = {
                 "output_throughput": _median(recs, "output_throughput"),
@@ -220,16 +235,17 @@ def main() -> None:
         help="lmforge: lmforge on /invocations jsonlines, vLLM on /v1/completions; openai / openai-chat: "
         "both servers on /v1/completions / /v1/chat/completions SSE",
     )
+    parser.add_argument("--model", choices=MODELS, default=TINY, help="the model both servers load")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    name = NAME if args.api == "lmforge" else f"{NAME}-{args.api}"
+    name = result_name(NAME if args.api == "lmforge" else f"{NAME}-{args.api}", args.model)
     out = args.out or RESULTS / f"{name}.json"
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        model = vllm_model(tmp / "tiny")
+        model = vllm_model(tmp / args.model, args.model)
         env = server_env(tmp / "vllm-cache")
-        vllm = VllmServer(model, env, tmp / "vllm-serve.log")
+        vllm = VllmServer(model, env, tmp / "vllm-serve.log", args.model)
         try:
             with lmforge_server(model, env) as ours:
                 vllm.wait()
@@ -247,7 +263,7 @@ def main() -> None:
                     for c in CONCURRENCY:
                         for label in order:
                             url, api, pid = targets[label]
-                            rec = measure(url, api, c, model, pid)
+                            rec = measure(url, api, c, model, pid, args.model)
                             rounds[label][c].append(rec)
                             if rec["failed"] or rec["output_throughput"] is None:
                                 errors = rec.get("errors", [])[:3]
@@ -264,7 +280,7 @@ def main() -> None:
         finally:
             vllm.stop()
         shutil.rmtree(tmp / "vllm-cache", ignore_errors=True)
-    rows = compare(rounds)
+    rows = compare(rounds, args.model)
     sample = rounds["lmforge"][CONCURRENCY[0]][0]
     routes = {
         "lmforge": "/invocations jsonlines",
@@ -276,17 +292,19 @@ def main() -> None:
     result = {
         "name": name,
         "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py"
-        + (f" --api {args.api}" if args.api != "lmforge" else ""),
+        + (f" --api {args.api}" if args.api != "lmforge" else "")
+        + (f" --model {args.model}" if args.model != TINY else ""),
         "ratio": min(row["ratio"] for row in rows),
         "targets": {"ratio_min": 0.98, "ratio_at_64": 1.10, "itl_overhead_ms": 0.5},
         "rows": rows,
         "settings": {
-            "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
-            "engine": PROPERTIES.strip().splitlines(),
-            "vllm_serve_args": VLLM_ARGS,
+            "model": DESCRIPTIONS[args.model],
+            "model_key": args.model,
+            "engine": properties(args.model).strip().splitlines(),
+            "vllm_serve_args": vllm_args(args.model),
             "input_len": INPUT_LEN,
             "output_len": OUTPUT_LEN,
-            "requests": REQUESTS,
+            "requests": REQUESTS[args.model],
             "rounds": args.rounds,
             "client": f"lmforge.bench, the same for both (lmforge: {lmforge_route}; vLLM: {vllm_route})",
             "lmforge_api": args.api,
@@ -305,6 +323,11 @@ def main() -> None:
 
 def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
+
+
+def _model_text(settings: dict[str, Any]) -> str:
+    key = settings.get("model_key", TINY)
+    return "the example model" if key == TINY else DESCRIPTIONS[key]
 
 
 def report(result: dict[str, Any]) -> str:
@@ -348,9 +371,11 @@ def report(result: dict[str, Any]) -> str:
         "`/v1/completions` SSE."
     )
     heading = f"Frontend overhead ({title}): lmforge over vLLM vs `vllm serve`"
+    if s.get("model_key", TINY) != TINY:
+        heading += f", {s['model_key']}"
     return f"""## {heading} (`bench/frontend_overhead.py`)
 
-Both servers run at once on the example model with the same vLLM engine settings
+Both servers run at once on {_model_text(s)} with the same vLLM engine settings
 (`{" ".join(s["vllm_serve_args"])}`; the same as `serving.properties` for lmforge). One client
 (`lmforge.bench`) loads them alternately, round by round ({s["rounds"]} rounds, order flipped each
 round); figures are medians over the rounds. {s["input_len"]} prompt tokens, {s["output_len"]} output tokens

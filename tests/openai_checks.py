@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -12,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 
+from lmforge.models.example import EOS, SPECIAL_TOKENS
 from lmforge.testing.server import VLLM_ENV
 
 PROMPT = "def fibonacci(n):"
@@ -64,8 +66,39 @@ def check_openai_client(
     ]
     assert "".join(pieces) == choice.text
 
+    # vLLM's sampling extras, honoured: a +100 logit_bias decides every greedy token; min_tokens holds
+    # EOS back even when logit_bias makes it the only choice
+    biased = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=0, logit_bias={"100": 100}
+    )
+    assert biased.choices[0].logprobs is not None
+    assert len(set(biased.choices[0].logprobs.tokens or [])) == 1, biased
+    assert biased.usage is not None and biased.usage.completion_tokens == 5
+    eos = {str(SPECIAL_TOKENS.index(EOS)): 100}
+    for least in (0, 3):
+        held = client.completions.create(
+            model=model,
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=0,
+            logit_bias=eos,
+            extra_body={"min_tokens": least},
+        )
+        assert held.choices[0].finish_reason == "stop" and held.usage is not None
+        assert held.usage.completion_tokens in (least, least + 1), held
+    sampled = client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0.8,
+        seed=3,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        extra_body={"min_p": 0.05},
+    )
+    assert sampled.usage is not None and sampled.usage.completion_tokens >= 1
     with pytest.raises(openai.BadRequestError) as caught:
-        client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 2})
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 5})
     assert "min_tokens" in str(caught.value)
     # a token id past the vocabulary is the client's error, and the engine keeps serving everyone
     with pytest.raises(openai.BadRequestError) as caught:
@@ -73,6 +106,137 @@ def check_openai_client(
     assert "out of range" in str(caught.value)
     again = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
     assert again.choices[0].text == choice.text
+
+
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def check_structured_output(client: openai.OpenAI, model: str) -> None:
+    """``response_format`` and forced tool calls through the official client: replies that follow the
+    schema even from a random-weight model (the schemas leave few choices, so replies are short), the
+    same greedy answer streamed and not, and 400s that name the field."""
+    ask: Any = [{"role": "user", "content": "Is it raining? Answer as JSON."}]
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+    reply = client.chat.completions.create(
+        model=model, messages=ask, max_tokens=32, temperature=0, response_format=fmt
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert json.loads(reply.choices[0].message.content or "") in ({"answer": "yes"}, {"answer": "no"})
+    sampled = client.chat.completions.create(
+        model=model, messages=ask, max_tokens=32, temperature=1.0, seed=7, response_format=fmt
+    )
+    assert json.loads(sampled.choices[0].message.content or "")["answer"] in ("yes", "no")
+    # the completions route takes response_format too (as vLLM's does)
+    done = client.completions.create(
+        model=model, prompt="Answer: ", max_tokens=32, temperature=0, extra_body={"response_format": fmt}
+    )
+    assert json.loads(done.choices[0].text)["answer"] in ("yes", "no")
+
+    weather: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    call = client.chat.completions.create(
+        model=model, messages=weather, tools=[WEATHER, TIME], tool_choice=named, max_tokens=48, temperature=0
+    )
+    choice = call.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert len(calls) == 1 and calls[0].type == "function" and calls[0].function.name == "get_weather"
+    args = json.loads(calls[0].function.arguments)
+    assert args["city"] in ("Paris", "Rome") and args["unit"] in ("celsius", "fahrenheit")
+    assert calls[0].id
+
+    # streamed: the client's deltas add up to the same call
+    stream = client.chat.completions.create(
+        model=model,
+        messages=weather,
+        tools=[WEATHER, TIME],
+        tool_choice=named,
+        max_tokens=48,
+        temperature=0,
+        stream=True,
+    )
+    name, arguments, finish, ids = "", "", None, set()
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        for piece in delta.tool_calls or []:
+            assert piece.index == 0
+            if piece.id:
+                ids.add(piece.id)
+            if piece.function is not None:
+                name += piece.function.name or ""
+                arguments += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert (name, json.loads(arguments), finish, len(ids)) == ("get_weather", args, "tool_calls", 1)
+
+    # a tool call, then its result, then the answer: the history is accepted and rendered
+    history: Any = [
+        *weather,
+        {"role": "assistant", "content": None, "tool_calls": [calls[0].model_dump()]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": '{"celsius": 21}'},
+    ]
+    after = client.chat.completions.create(model=model, messages=history, max_tokens=4, temperature=0)
+    assert after.choices[0].message.tool_calls is None
+
+    # "required": one or more calls of the given tools; parallel_tool_calls=false: exactly one
+    required = client.chat.completions.create(
+        model=model,
+        messages=weather,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=64,
+        temperature=0,
+    )
+    got = required.choices[0].message.tool_calls or []
+    assert required.choices[0].finish_reason == "tool_calls" and len(got) == 1
+    assert got[0].function.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(got[0].function.arguments), dict)
+
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "schema"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"tools": [WEATHER]}, "tool_choice"),  # auto: not served yet, said so
+        ({"tools": [WEATHER], "tool_choice": named | {"function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"response_format": fmt, "ignore_eos": True}, "ignore_eos"),
+    ]
+    for extra, field in refusals:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body=extra)
+        assert field in str(caught.value), (extra, str(caught.value))
 
 
 def run_vllm_bench_serve(url: str, model: str, tokenizer: Path, backend: str, endpoint: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from lmforge.testing.server import RemoteServer
 from tests.conftest import Reference
-from tests.openai_checks import PROMPT, check_openai_client, run_vllm_bench_serve
+from tests.openai_checks import PROMPT, check_openai_client, check_structured_output, run_vllm_bench_serve
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +31,10 @@ def client(server: RemoteServer) -> openai.OpenAI:
 def test_official_openai_client(client: openai.OpenAI, server: RemoteServer, reference: Reference) -> None:
     ids, _ = reference.greedy(PROMPT, 6, eos=False)
     check_openai_client(client, "tiny", reference.decode(ids))
+
+
+def test_structured_output_and_forced_tool_calls(client: openai.OpenAI) -> None:
+    check_structured_output(client, "tiny")
 
 
 @pytest.mark.vllm

@@ -186,3 +186,77 @@ def test_lmi_dist_through_the_local_sagemaker_agrees_with_transformers(
         _check_tokens([line["token"] for line in lines], expected[prompt], f"lmi-dist {prompt!r} streamed")
     _check_chat(*_chat_from_reply(invoke(_chat_body(False))), expected["chat"], "lmi-dist chat")
     _check_chat(*_chat_from_chunks(stream(_chat_body(True))), expected["chat"], "lmi-dist chat streamed")
+
+
+# --------------------------------------------------------------------------- structured output, both engines
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "city": {"type": "string", "maxLength": 24},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+def _structured_bodies() -> list[dict[str, Any]]:
+    ask = [{"role": "user", "content": "Alice is 30 and lives in Paris. Describe her as JSON."}]
+    weather = [{"role": "user", "content": "What is the weather like in Rome today?"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 24}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    return [
+        {"messages": ask, "max_tokens": 64, "temperature": 0, "response_format": schema},
+        {"messages": weather, "max_tokens": 32, "temperature": 0, "tools": tools, "tool_choice": named},
+    ]
+
+
+def _without_ids(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply's message, less the tool-call ids (random per reply)."""
+    message = dict(reply["choices"][0]["message"])
+    calls = message.get("tool_calls") or []
+    message["tool_calls"] = [{k: v for k, v in c.items() if k != "id"} for c in calls]
+    return message
+
+
+@pytest.mark.vllm
+def test_structured_output_is_the_same_on_both_engines(
+    vllm_server: RemoteServer, lmi_dist_endpoint: str, clients: dict[str, Any]
+) -> None:
+    """The same grammar (xgrammar on both) over the same weights: greedy replies are identical, follow
+    the schema, and read as an answer (LMI-Dist through the local SageMaker and boto3, vLLM over HTTP)."""
+    smr = clients["sagemaker-runtime"]
+    person, call = _structured_bodies()
+    replies = []
+    for body in (person, call):
+        via_vllm = httpx.post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json()
+        resp = smr.invoke_endpoint(
+            EndpointName=lmi_dist_endpoint, Body=json.dumps(body), ContentType="application/json"
+        )
+        via_lmi = json.loads(resp["Body"].read())
+        assert _without_ids(via_vllm) == _without_ids(via_lmi), (via_vllm, via_lmi)
+        replies.append(via_lmi["choices"][0])
+    described = json.loads(replies[0]["message"]["content"])
+    assert replies[0]["finish_reason"] == "stop"
+    assert set(described) == {"name", "age", "city"} and described["age"] == 30, described
+    assert "Alice" in described["name"] and "Paris" in described["city"], described
+    (tool_call,) = replies[1]["message"]["tool_calls"]
+    assert replies[1]["finish_reason"] == "tool_calls"
+    assert tool_call["function"]["name"] == "get_weather"
+    assert "Rome" in json.loads(tool_call["function"]["arguments"])["city"]

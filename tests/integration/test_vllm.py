@@ -297,3 +297,15 @@ def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[d
         rest = [json.loads(line) for line in lines if line]
     assert rest and rest[-1].get("error"), rest[-1:]  # the stream ends with an in-band error line
     server.wait_for_ping(503, 60)
+
+
+def test_structured_output_and_forced_tool_calls(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    """The same checks as on LMI-Dist (tests/integration/test_openai_client.py), through vLLM's own
+    structured outputs."""
+    import openai
+
+    from tests.openai_checks import check_structured_output
+
+    server, _ = served
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    check_structured_output(client, client.models.list().data[0].id)

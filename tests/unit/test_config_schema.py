@@ -34,6 +34,9 @@ EXPECTED_KEYS: dict[str, tuple[str, object]] = {
     "option.max_model_len": ("max_model_len", None),
     "option.model_loading_timeout": ("model_loading_timeout", 1800),
     "option.output_formatter": ("output_formatter", None),
+    "option.enable_auto_tool_choice": ("enable_auto_tool_choice", False),
+    "option.tool_call_parser": ("tool_call_parser", None),
+    "option.reasoning_parser": ("reasoning_parser", None),
     "option.entryPoint": ("entry_point", None),
     "option.quantize": ("quantize", None),
     "option.enable_lora": ("enable_lora", False),
@@ -242,6 +245,12 @@ def test_bad_gpu_memory_utilization(tmp_path: Path, text: str) -> None:
 
 def test_output_formatter(tmp_path: Path) -> None:
     assert load(tmp_path, "option.output_formatter=SSE\n").config.output_formatter == "sse"
+    tools = load(tmp_path, "option.enable_auto_tool_choice=true\noption.tool_call_parser=Hermes\n").config
+    assert (tools.enable_auto_tool_choice, tools.tool_call_parser) == (True, "hermes")
+    (line,) = errors(tmp_path, "option.enable_auto_tool_choice=true\n")
+    assert "option.tool_call_parser" in line
+    (line,) = errors(tmp_path, "option.reasoning_parser=o1\n")
+    assert line.endswith("option.reasoning_parser = 'o1': expected one of deepseek_r1, qwen3")
     (line,) = errors(tmp_path, "option.output_formatter=xml\n")
     assert line.endswith("option.output_formatter = 'xml': expected one of json, jsonlines, sse")
 

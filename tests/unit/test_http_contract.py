@@ -591,14 +591,14 @@ def test_openai_vllm_extras_accepted_or_refused_by_name(tiny_model: Path) -> Non
         chunks = _sse_objects(await srv.client.post("/v1/completions", json={**comp, "stream": True}))
         assert chunks[-1]["usage"]["completion_tokens"] == 6
         for field, value in (
-            ("min_tokens", 3),
+            ("min_tokens", 7),  # more than max_tokens
             ("n", 2),
             ("best_of", 3),
             ("suffix", "x"),
             ("stop_token_ids", [1]),
             ("bogus", 1),
         ):
-            resp = await srv.client.post("/v1/completions", json={**comp, field: value})
+            resp = await srv.client.post("/v1/completions", json={**comp, "stream": True, field: value})
             assert resp.status_code == 400, (field, resp.text)
             assert resp.json()["param"] == field, resp.json()
         missing = await srv.client.post("/v1/completions", json={"messages": []})
@@ -647,8 +647,13 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
             ({"prompt": ""}, "prompt"),
             ({"prompt": [[1, 2], [3]]}, "prompt"),
             ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-            ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format.type"),
-            ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
+            ({"prompt": "x", "response_format": {"type": "json_objects"}}, "response_format"),
+            ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),  # chat only
+            ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias.abc"),
+            ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
+            ({"prompt": "x", "logit_bias": {str(vocab): 1}}, "logit_bias"),  # past the vocabulary
+            ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+            ({"prompt": "x", "min_p": 1.5}, "min_p"),
         ):
             resp = await srv.client.post("/v1/completions", json=body)
             assert (resp.status_code, resp.json()["param"]) == (400, param), (body, resp.text)
@@ -674,3 +679,61 @@ def test_chat_without_a_length_runs_to_the_models_length(tiny_model: Path) -> No
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 512  # the scripted engine's length
     capped = run(tiny_model, scenario, properties="option.max_output_len=40\n")
     assert capped["completion_tokens"] == 40
+
+
+AUTO_TOOLS = (
+    "option.enable_auto_tool_choice=true\noption.tool_call_parser=hermes\noption.reasoning_parser=qwen3\n"
+)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_auto_tool_calls_and_reasoning_are_read_from_the_reply(tiny_model: Path) -> None:
+    """tool_choice auto with option.tool_call_parser=hermes and option.reasoning_parser=qwen3: the
+    model's own <think> and <tool_call> text comes back as reasoning_content and tool_calls, whole and
+    streamed; a plain answer stays content; without the options, auto is a 400 that says what to set."""
+    said = (
+        "<think>\nThe user wants the weather.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    )
+
+    async def scenario(srv: Served) -> None:
+        srv.engine.reply = said
+        body = {"messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": [WEATHER_TOOL]}
+        whole = (await srv.client.post("/v1/chat/completions", json=body)).json()
+        choice = whole["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", whole
+        message = choice["message"]
+        assert message["reasoning_content"] == "The user wants the weather." and message["content"] is None
+        (call,) = message["tool_calls"]
+        assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
+        chunks = _sse_objects(await srv.client.post("/v1/chat/completions", json={**body, "stream": True}))
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert (
+            "".join(d.get("reasoning_content", "") for d in deltas).strip() == "The user wants the weather."
+        )
+        assert not "".join(d.get("content") or "" for d in deltas).strip()
+        streamed = [t for d in deltas for t in d.get("tool_calls", [])]
+        assert [(t["index"], t["function"]["name"], t["function"]["arguments"]) for t in streamed] == [
+            (0, "get_weather", '{"city": "Rome"}')
+        ]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        srv.engine.reply = "It is sunny in Rome."
+        plain = (await srv.client.post("/v1/chat/completions", json=body)).json()["choices"][0]
+        assert plain["message"]["content"] == "It is sunny in Rome." and plain["finish_reason"] == "stop"
+        assert "tool_calls" not in plain["message"]
+
+    run(tiny_model, scenario, AUTO_TOOLS)
+
+    async def without(srv: Served) -> None:
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL]}
+        resp = await srv.client.post("/v1/chat/completions", json=body)
+        assert (resp.status_code, resp.json()["param"]) == (400, "tool_choice")
+        assert "option.enable_auto_tool_choice" in resp.json()["message"]
+
+    run(tiny_model, without)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,13 @@ import pytest
 
 from lmforge.config import load_config
 from lmforge.engines.lmi_dist.engine import LmiDistEngine
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
+from lmforge.engines.protocol import (
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingParams,
+    StructuredOutput,
+)
 from lmforge.errors import BadRequestError, EngineDeadError
 
 
@@ -204,3 +211,49 @@ def test_per_request_attention_path_matches_generate(
         with torch.no_grad():
             ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert got == ref[0, ids.shape[1] :].tolist()
+
+
+def test_structured_output_constrains_only_its_own_rows(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Constrained and free requests in one batch: each constrained reply follows its schema, the free
+    ones give the tokens they give alone, and the reported log-probs are the model's own."""
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["n"],
+            "additionalProperties": False,
+        }
+    )
+    constrained = SamplingParams(max_new_tokens=24, structured=StructuredOutput("json_schema", schema))
+    free = SamplingParams(max_new_tokens=24, ignore_eos=True, top_n_logprobs=1)
+    alone = loop.run_until_complete(collect(engine, "alone", free))
+
+    async def mixed() -> list[list[GenerationEvent]]:
+        runs = [collect(engine, f"c{i}", constrained, prompt=f"{i} = ") for i in range(3)]
+        return await asyncio.gather(*runs, collect(engine, "free", free))
+
+    *replies, together = loop.run_until_complete(asyncio.wait_for(mixed(), timeout=60))
+    assert [e.token.id for e in together if e.token] == [e.token.id for e in alone if e.token]
+    for events in replies:
+        text = "".join(e.token.text for e in events if e.token)
+        assert events[-1].finish_reason == FinishReason.EOS, text
+        assert set(json.loads(text)) == {"n"} and 0 <= json.loads(text)["n"] <= 9
+        for e in events:  # a log-prob of the unconstrained distribution: never above 0, often below
+            assert e.token is not None and e.token.log_prob <= 0.0
+    json_object = SamplingParams(max_new_tokens=6, structured=StructuredOutput("json_object"))
+    first = loop.run_until_complete(collect(engine, "obj", json_object))[0]
+    assert first.token is not None and first.token.text.startswith("{")
+    assert engine.stats()["running"] == 0
+
+
+def test_a_schema_that_cannot_compile_is_a_400_before_any_token(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    bad = StructuredOutput("json_schema", '{"type": "no-such-type"}', "response_format.json_schema.schema")
+    with pytest.raises(BadRequestError) as err:
+        loop.run_until_complete(collect(engine, "bad", SamplingParams(max_new_tokens=4, structured=bad)))
+    assert err.value.param == "response_format.json_schema.schema"
+    events = loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=4)))
+    assert events[-1].finish_reason == FinishReason.LENGTH

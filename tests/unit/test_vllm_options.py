@@ -46,6 +46,9 @@ def test_mapped_options(tmp_path: Path) -> None:
     assert kw["gpu_memory_utilization"] == 0.8 and kw["kv_cache_memory_bytes"] == 512 * 2**20
     assert kw["hf_overrides"] == {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}
     assert kw["revision"] == "abc"
+    # structured output: xgrammar with compact JSON, the grammar LMI-Dist uses too
+    so = kw["structured_outputs_config"]
+    assert (so.backend, so.disable_any_whitespace) == ("xgrammar", True)
     assert "max_loras" not in kw  # LoRA settings only with enable_lora
     lora = engine_kwargs(_config(tmp_path, enable_lora=True, max_loras=3, max_lora_rank=32), {})
     assert (lora["enable_lora"], lora["max_loras"], lora["max_lora_rank"]) == (True, 3, 32)

@@ -31,6 +31,8 @@ from pydantic_core import PydanticCustomError
 DType = Literal["auto", "fp32", "fp16", "bf16"]
 RollingBatch = Literal["auto", "vllm", "trtllm", "lmi-dist", "disable"]
 OutputFormatter = Literal["json", "jsonlines", "sse"]
+ToolCallParser = Literal["hermes", "llama3_json"]
+ReasoningParser = Literal["deepseek_r1", "qwen3"]
 #: the LMI ``engine`` key: how DJL Serving runs the worker (not an lmforge engine, see lmforge.engines)
 WorkerMode = Literal["Python", "MPI"]
 
@@ -189,6 +191,24 @@ class ServingConfig(BaseModel):
         "request has stream=true",
         json_schema_extra=_key("option.output_formatter"),
     )
+    enable_auto_tool_choice: Bool = Field(
+        default=False,
+        description="let the model decide when to call a tool (OpenAI tool_choice auto, the default "
+        "when a request has tools); needs option.tool_call_parser",
+        json_schema_extra=_key("option.enable_auto_tool_choice"),
+    )
+    tool_call_parser: ToolCallParser | None = Field(
+        default=None,
+        description="the model family's tool-call syntax: hermes (<tool_call> JSON blocks: Hermes, "
+        "Qwen 2.5/3, SmolLM3) or llama3_json (JSON objects with name and parameters: Llama 3.1+)",
+        json_schema_extra=_key("option.tool_call_parser"),
+    )
+    reasoning_parser: ReasoningParser | None = Field(
+        default=None,
+        description="split the model's reasoning (<think>...</think>) into reasoning_content: "
+        "deepseek_r1 (the reply starts inside it) or qwen3 (when the reply opens with <think>)",
+        json_schema_extra=_key("option.reasoning_parser"),
+    )
     entry_point: str | None = Field(
         default=None,
         description="custom handler: a .py file in the model folder or a dotted module name; "
@@ -290,7 +310,9 @@ class ServingConfig(BaseModel):
         description="the model folder given to lmforge (not a properties key)",
     )
 
-    @field_validator("dtype", "rolling_batch", "output_formatter", mode="before")
+    @field_validator(
+        "dtype", "rolling_batch", "output_formatter", "tool_call_parser", "reasoning_parser", mode="before"
+    )
     @classmethod
     def _lower_and_alias(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
@@ -352,6 +374,14 @@ class ServingConfig(BaseModel):
         if isinstance(value, str):
             return value.strip() or None
         return value
+
+    @model_validator(mode="after")
+    def _auto_tools(self) -> ServingConfig:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(
+                "option.enable_auto_tool_choice=true needs option.tool_call_parser (hermes or llama3_json)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lengths(self) -> ServingConfig:

@@ -35,6 +35,18 @@ class FinishReason(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A grammar the generated text must follow (OpenAI's ``response_format``, forced tool calls)."""
+
+    kind: str
+    """``json_object`` (any JSON object) or ``json_schema`` (``schema``)."""
+    schema: str = ""
+    """The JSON schema, as JSON text (``json_schema`` only)."""
+    param: str = "response_format"
+    """The request field the constraint came from, named by a 400 when it cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """Per-request generation settings, already validated by the handler."""
 
@@ -54,6 +66,18 @@ class SamplingParams:
     logprobs: bool = True
     """Whether the sampled token's log-prob is wanted. Engines for which it costs (vLLM computes and
     ships it every step) leave ``Token.log_prob`` NaN (``null`` on the wire) when it is not."""
+    structured: StructuredOutput | None = None
+    """Constrain the text to a grammar; log-probs stay the model's own (before the constraint)."""
+    min_new_tokens: int = 0
+    """End-of-sequence tokens cannot end the reply before this many tokens (OpenAI/vLLM ``min_tokens``)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the reply already contains (OpenAI's definition)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the reply already contains it."""
+    min_p: float = 0.0
+    """Sampling keeps only tokens at least ``min_p`` times as likely as the most likely one."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before the choice."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,13 +7,14 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
 from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers.io import Input, Output
+from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.handlers.requests import CHAT_ROUTE, COMPLETIONS_ROUTE, ParsedRequest, parse_body, parse_request
 
 if TYPE_CHECKING:
@@ -119,17 +120,22 @@ class DefaultHandler:
             return fmt.SSE if wants_sse else fmt.JSONLINES
         return None
 
+    def _check_ids(self, ids: Iterable[int], param: str) -> None:
+        """An id past the vocabulary would fail inside the engine's batched step, for every request."""
+        vocab = len(self.engine.tokenizer)
+        bad = next((t for t in ids if t >= vocab), None)
+        if bad is not None:
+            raise BadRequestError(
+                f"{param}: token id {bad} is out of range: this model's vocabulary has {vocab} tokens "
+                f"(ids 0 to {vocab - 1})",
+                param=param,
+            )
+
     def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
+        if req.params.logit_bias:
+            self._check_ids((t for t, _ in req.params.logit_bias), "logit_bias")
         if req.prompt_ids is not None:
-            # an id past the vocabulary would fail inside the engine's batched step, for every request
-            vocab = len(self.engine.tokenizer)
-            bad = next((t for t in req.prompt_ids if t >= vocab), None)
-            if bad is not None:
-                raise BadRequestError(
-                    f"prompt: token id {bad} is out of range: this model's vocabulary has {vocab} tokens "
-                    f"(ids 0 to {vocab - 1})",
-                    param="prompt",
-                )
+            self._check_ids(req.prompt_ids, "prompt")
             return req.prompt_ids, True
         if not req.chat:
             return req.prompt, True
@@ -139,7 +145,10 @@ class DefaultHandler:
                 "this model has no chat template; send 'inputs' instead of 'messages'", param="messages"
             )
         try:
-            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True, tokenize=False)
+            extra = {"tools": req.tools} if req.tools else {}
+            text = tokenizer.apply_chat_template(
+                req.messages, add_generation_prompt=True, tokenize=False, **extra
+            )
         except Exception as exc:  # a template may raise on roles it does not support
             raise BadRequestError(
                 f"the chat template rejected the messages: {exc}", param="messages"
@@ -161,7 +170,10 @@ class DefaultHandler:
     async def handle(self, inputs: Input) -> Output:
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
         req = parse_request(
-            body, default_max_new_tokens=self.config.default_max_new_tokens, route=inputs.route
+            body,
+            default_max_new_tokens=self.config.default_max_new_tokens,
+            route=inputs.route,
+            auto_tools=self.config.enable_auto_tool_choice,
         )
         media = self._media_type(req, inputs.get_property("accept"), inputs.route)
         prompt, add_special = self._prompt(req)
@@ -263,7 +275,16 @@ class DefaultHandler:
         self, req: ParsedRequest, model: str
     ) -> fmt.ChatFormatter | fmt.CompletionFormatter:
         if req.chat:
-            return fmt.ChatFormatter(model, logprobs=req.logprobs, include_usage=req.include_usage)
+            tools = self.config.tool_call_parser if req.auto_tools else None
+            reasoning = self.config.reasoning_parser
+            parse = (tools or reasoning) and req.tool_mode is None
+            return fmt.ChatFormatter(
+                model,
+                logprobs=req.logprobs,
+                include_usage=req.include_usage,
+                tool_mode=req.tool_mode,
+                reply=ReplyParser(reasoning, tools) if parse else None,
+            )
         return fmt.CompletionFormatter(
             model, logprobs=req.logprobs, include_usage=req.include_usage, echo=req.prompt if req.echo else ""
         )

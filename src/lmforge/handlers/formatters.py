@@ -19,9 +19,13 @@ import time
 import uuid
 from collections.abc import Iterable
 from json.encoder import encode_basestring
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
+
+if TYPE_CHECKING:
+    from lmforge.handlers.reply_parsing import Call, ReplyParser
+    from lmforge.handlers.tools import ToolCallMode
 
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
@@ -220,9 +224,22 @@ class ChatFormatter(_OpenAIFormatter):
     object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
 
-    def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        logprobs: bool,
+        include_usage: bool = False,
+        tool_mode: ToolCallMode | None = None,
+        reply: ReplyParser | None = None,
+    ) -> None:
         super().__init__(model, logprobs=logprobs, include_usage=include_usage)
         self._sent_role = False
+        self.tool_mode = tool_mode
+        self.reply = reply
+        """Splits reasoning and the model's own tool calls out of the text (None: the text as it is)."""
+        self._auto_calls = 0
+        self._text: list[str] = []  # a forced tool call's text so far
 
     def _logprob_entry(self, token: Token) -> dict[str, Any]:
         return {
@@ -238,20 +255,46 @@ class ChatFormatter(_OpenAIFormatter):
     def final_json(self, events: Iterable[GenerationEvent]) -> dict[str, Any]:
         last = self._collect(events)
         assert last.finish_reason is not None
+        text = "".join(t.text for t in self.tokens)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = self.tool_mode.calls(text) if self.tool_mode is not None else None
+        if calls is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+        elif self.reply is not None:
+            reasoning, content, found = self.reply.whole(text)
+            if self.reply.reasoning is not None:
+                message["reasoning_content"] = reasoning
+            message["content"] = content if content or not found else None
+            if found:
+                calls = message["tool_calls"] = self._openai_calls(found)
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": "".join(t.text for t in self.tokens)},
+            "message": message,
             "logprobs": {"content": [self._logprob_entry(t) for t in self.tokens]} if self.logprobs else None,
-            "finish_reason": _CHAT_FINISH[last.finish_reason],
+            "finish_reason": self._finish_reason(last.finish_reason, calls),
         }
         return {**self._envelope("chat.completion", [choice]), "usage": self.usage(last)}
+
+    @staticmethod
+    def _finish_reason(reason: FinishReason, calls: list[dict[str, Any]] | None) -> str:
+        """OpenAI's: a reply that ended as a complete tool call finishes with ``tool_calls``."""
+        if calls and reason in (FinishReason.EOS, FinishReason.STOP_SEQUENCE):
+            return "tool_calls"
+        return _CHAT_FINISH[reason]
 
     def chunk(self, event: GenerationEvent) -> dict[str, Any]:
         delta: dict[str, Any] = {}
         if not self._sent_role:
             delta["role"] = "assistant"
             self._sent_role = True
-        delta["content"] = event.token.text if event.token is not None else ""
+        text = event.token.text if event.token is not None else ""
+        calls = None
+        if self.tool_mode is not None:
+            calls = self._tool_delta(delta, text, event.finished)
+        elif self.reply is not None:
+            calls = self._parsed_delta(delta, text, event.finished)
+        else:
+            delta["content"] = text
         choice: dict[str, Any] = {
             "index": 0,
             "delta": delta,
@@ -260,9 +303,58 @@ class ChatFormatter(_OpenAIFormatter):
                 if self.logprobs and event.token is not None
                 else None
             ),
-            "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,
+            "finish_reason": self._finish_reason(event.finish_reason, calls) if event.finish_reason else None,
         }
         return self._finish(self._envelope(self.object_name, [choice]), event)
+
+    def _parsed_delta(self, delta: dict[str, Any], text: str, finished: bool) -> list[dict[str, Any]] | None:
+        """A streamed chunk through the reply parser: reasoning and content as they become certain, the
+        model's tool calls whole at the end."""
+        assert self.reply is not None
+        delta.update(self.reply.feed(text))
+        if not finished:
+            return None
+        parts, found = self.reply.finish()
+        for key, value in parts.items():
+            delta[key] = delta.get(key, "") + value
+        if not found:
+            return None
+        calls = self._openai_calls(found)
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return calls
+
+    def _openai_calls(self, found: list[Call]) -> list[dict[str, Any]]:
+        base = f"call_{uuid.uuid4().hex[:24]}"
+        return [
+            {"id": f"{base}_{i}" if i else base, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(found)
+        ]
+
+    def _tool_delta(self, delta: dict[str, Any], text: str, finished: bool) -> list[dict[str, Any]] | None:
+        """Fill a streamed chunk's delta for a forced tool call. A named function's arguments stream
+        as they are generated (the first delta carries the call's id and name); the calls of
+        ``tool_choice: "required"`` are sent whole once the array is complete. Returns the calls when
+        the reply is complete."""
+        assert self.tool_mode is not None
+        first = not self._text
+        self._text.append(text)
+        if self.tool_mode.named is not None:
+            if first:
+                call = self.tool_mode.calls(text)
+                assert call is not None
+                delta["tool_calls"] = [{"index": 0, **call[0]}]
+            else:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
+            return self.tool_mode.calls("".join(self._text)) if finished else None
+        if not finished:
+            return None
+        full = "".join(self._text)
+        calls = self.tool_mode.calls(full)
+        if calls is None:
+            delta["content"] = full  # cut short: the partial text, as text
+        else:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return calls
 
 
 class CompletionFormatter(_OpenAIFormatter):

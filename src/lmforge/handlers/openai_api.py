@@ -8,11 +8,13 @@ needs them gets a 400 naming the field instead of a silently different answer.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lmforge.engines.protocol import SamplingParams
+from lmforge.engines.protocol import SamplingParams, StructuredOutput
 from lmforge.errors import BadRequestError
 from lmforge.handlers.request_common import (
     MAX_TOP_N,
@@ -23,6 +25,13 @@ from lmforge.handlers.request_common import (
     sampling,
     stops,
     validation_error,
+)
+from lmforge.handlers.tools import (
+    ResponseFormat,
+    ToolChoice,
+    Tools,
+    response_format_constraint,
+    tool_plan,
 )
 
 #: OpenAI's default max_tokens for completions (chat has none: the model's remaining length)
@@ -35,26 +44,61 @@ class TextPart(BaseModel):
     text: str
 
 
+class _CalledFunction(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str
+
+
+class _ToolCall(BaseModel):
+    model_config = STRICT
+    id: str
+    type: Literal["function"]
+    function: _CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    """None only for an assistant turn that made tool calls."""
     name: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)  # as vLLM joins text parts
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it (tool-call arguments as objects, as Hugging Face's
+        templates expect them)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _args(c)}}
+                for c in self.tool_calls
+            ]
+        return out
+
+
+def _args(call: _ToolCall) -> Any:
+    try:
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return call.function.arguments
 
 
 class StreamOptions(BaseModel):
     model_config = STRICT
     include_usage: bool = False
-
-
-class _TextFormat(BaseModel):
-    model_config = STRICT
-    type: Literal["text"]
 
 
 class _Sampling(BaseModel):
@@ -73,31 +117,50 @@ class _Sampling(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = 1
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = 0.0
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = 0.0
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
+    logit_bias: (
+        Annotated[
+            dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[float, Field(ge=-100, le=100)]],
+            Field(max_length=1024),
+        ]
+        | None
+    ) = None
+    """Token id (as a string, as OpenAI's API has it) -> bias in [-100, 100] added to its logit."""
     user: str | None = None
     store: Literal[False] | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    tools: Annotated[list[Any], Field(max_length=0)] | None = None
-    tool_choice: Literal["none"] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: _TextFormat | None = None
+    response_format: ResponseFormat | None = None
     # vLLM's extras
     top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=0.0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     ignore_eos: bool | None = False
-    min_tokens: Literal[0] | None = 0
+    min_tokens: Annotated[int, Field(ge=0)] | None = 0
     skip_special_tokens: Literal[True] | None = True
     spaces_between_special_tokens: Literal[True] | None = True
     include_stop_str_in_output: Literal[False] | None = False
     stop_token_ids: Annotated[list[int], Field(max_length=0)] | None = None
 
-    def sampling_params(self, max_new_tokens: int, top_n: int, logprobs: bool) -> SamplingParams:
+    def sampling_params(
+        self, max_new_tokens: int, top_n: int, logprobs: bool, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
         """The engine's settings: OpenAI's default temperature is 1.0 (sampling); 0 asks for greedy."""
-        return sampling(
+        structured = structured or response_format_constraint(self.response_format)
+        for name in ("ignore_eos", "min_tokens"):
+            if structured is not None and getattr(self, name):
+                raise BadRequestError(
+                    f"{name} cannot be combined with {structured.param}: a constrained reply ends "
+                    "with the model's end-of-sequence token once it is complete",
+                    param=name,
+                )
+        if self.min_tokens and self.min_tokens > max_new_tokens:
+            raise BadRequestError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({max_new_tokens})",
+                param="min_tokens",
+            )
+        params = sampling(
             max_new_tokens=max_new_tokens,
             do_sample=None,
             temperature=self.temperature if self.temperature is not None else 1.0,
@@ -109,6 +172,15 @@ class _Sampling(BaseModel):
             top_n=top_n,
             logprobs=logprobs,
             ignore_eos=bool(self.ignore_eos),
+            structured=structured,
+        )
+        return dataclasses.replace(
+            params,
+            min_new_tokens=self.min_tokens or 0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            min_p=self.min_p or 0.0,
+            logit_bias=tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items())),
         )
 
     def check_stream_options(self) -> None:
@@ -118,6 +190,9 @@ class _Sampling(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     max_new_tokens: PositiveInt | None = None
@@ -138,11 +213,15 @@ class CompletionRequest(_Sampling):
     max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_N)] | None = None
     echo: bool | None = False
+    # tools are a chat feature: completions accept them only at the value that asks for nothing
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
     suffix: None = None
     best_of: Literal[1] | None = None
 
 
-def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequest:
+def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bool = False) -> ParsedRequest:
     try:
         req = ChatRequest.model_validate(body)
     except ValidationError as exc:
@@ -150,11 +229,21 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
     req.check_stream_options()
     if req.top_logprobs and not req.logprobs:
         raise BadRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise BadRequestError(
+                f"messages.{i}.content is required (only an assistant turn with tool_calls may omit it)",
+                param=f"messages.{i}.content",
+            )
+    wants_format = req.response_format is not None and req.response_format.type != "text"
+    if wants_format and req.tools and req.tool_choice != "none":
+        raise BadRequestError("response_format cannot be combined with tools", param="response_format")
+    mode, constraint = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, auto=auto_tools)
     max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
     fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
     length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
-    params = req.sampling_params(max_new, req.top_logprobs or 0, bool(req.logprobs))
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    params = req.sampling_params(max_new, req.top_logprobs or 0, bool(req.logprobs), constraint)
+    messages = [m.for_template() for m in req.messages]
     return ParsedRequest(
         api="chat",
         prompt="",
@@ -168,6 +257,9 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int) -> ParsedReque
         adapter=req.model or None,
         length_field=length_field,
         length_given=any(getattr(req, n) for n in fields),
+        tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        tool_mode=mode,
+        auto_tools=bool(req.tools) and req.tool_choice in (None, "auto"),
     )
 
 

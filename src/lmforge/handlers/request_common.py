@@ -12,12 +12,15 @@ import re
 import reprlib
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from lmforge.engines.protocol import SamplingParams
+from lmforge.engines.protocol import SamplingParams, StructuredOutput
 from lmforge.errors import BadRequestError
+
+if TYPE_CHECKING:
+    from lmforge.handlers.tools import ToolCallMode
 
 MAX_STOP_SEQUENCES = 16
 MAX_TOP_N = 20
@@ -42,7 +45,7 @@ class ParsedRequest:
     stream: bool
     details: bool
     return_full_text: bool
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     include_usage: bool = False
     logprobs: bool = False
     adapter: str | None = None
@@ -55,6 +58,12 @@ class ParsedRequest:
     """A completions prompt given as token ids (``prompt`` is then empty)."""
     echo: bool = False
     """Completions: the answer's text starts with the prompt."""
+    tools: list[dict[str, Any]] | None = None
+    """Chat: the tools, as the chat template receives them."""
+    tool_mode: ToolCallMode | None = None
+    """Chat: the reply is a forced tool call, read back as ``tool_calls``."""
+    auto_tools: bool = False
+    """Chat: the model may call tools (``tool_choice: "auto"``); the tool-call parser reads its reply."""
 
     @property
     def chat(self) -> bool:
@@ -195,6 +204,7 @@ def sampling(
     top_n: int,
     ignore_eos: bool,
     logprobs: bool,
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     # LMI semantics: sampling when asked (do_sample) or, if unsaid, when a temperature > 0 is given.
     sample = do_sample if do_sample is not None else (temperature is not None and temperature > 0)
@@ -212,4 +222,5 @@ def sampling(
         top_n_logprobs=top_n,
         ignore_eos=ignore_eos,
         logprobs=logprobs or top_n > 0,
+        structured=structured,
     )

@@ -76,14 +76,18 @@ class LmiRequest(BaseModel):
 
 
 def parse_request(
-    body: dict[str, Any], *, default_max_new_tokens: int, route: str = "/invocations"
+    body: dict[str, Any],
+    *,
+    default_max_new_tokens: int,
+    route: str = "/invocations",
+    auto_tools: bool = False,
 ) -> ParsedRequest:
     """The request in ``body``: the route's schema on an OpenAI route; on ``/invocations`` chat when
     it has ``messages``, completions when it has ``prompt``, else LMI."""
     if route == CHAT_ROUTE or (route != COMPLETIONS_ROUTE and "messages" in body):
         if "messages" not in body:
             raise BadRequestError(f"{CHAT_ROUTE} needs 'messages'", param="messages")
-        return openai_api.parse_chat(body, default_max_new_tokens)
+        return openai_api.parse_chat(body, default_max_new_tokens, auto_tools)
     if route == COMPLETIONS_ROUTE or ("prompt" in body and "inputs" not in body):
         return openai_api.parse_completion(body)
     return _parse_lmi(body, default_max_new_tokens)

@@ -54,6 +54,8 @@ class ScriptedEngine(EngineBase):
         self.gate: asyncio.Event | None = None
         self.max_model_len = MAX_MODEL_LEN
         self.seen: list[GenerationRequest] = []
+        self.reply: str | None = None
+        """When set, every request is answered with this text, then EOS (within its max_new_tokens)."""
         self._live: dict[str, asyncio.Event] = {}
         self._alive = False
         self._pool: list[int] = []
@@ -120,6 +122,11 @@ class ScriptedEngine(EngineBase):
         self._counters["requests_total"] += 1
         stream = TokenStream(self._tokenizer, params.stop, len(ids))
         planned = self.script(ids, params.max_new_tokens)
+        eos_after = self.eos_after
+        if self.reply is not None:
+            planned = self._tokenizer.encode(self.reply, add_special_tokens=False)[: params.max_new_tokens]
+            eos_after = len(planned)
+            planned = [*planned, self.eos_id] if len(planned) < params.max_new_tokens else planned
         done = False
         try:
             if self.gate is not None:
@@ -136,7 +143,7 @@ class ScriptedEngine(EngineBase):
                     for event in stream.step([], FinishReason.ERROR, reason):
                         yield event
                     return
-                eos = self.eos_after is not None and i >= self.eos_after and not params.ignore_eos
+                eos = eos_after is not None and i >= eos_after and not params.ignore_eos
                 token = Token(self.eos_id if eos else tid, "", LOG_PROB, special=eos)
                 if params.top_n_logprobs:
                     token.top_logprobs = [

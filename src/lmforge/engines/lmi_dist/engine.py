@@ -199,6 +199,9 @@ class LmiDistEngine(EngineBase):
             params = dataclasses.replace(params, seed=random.getrandbits(62))
         prompt_ids = self._tokenize(request)
         self._validate(len(prompt_ids), params.max_new_tokens)
+        if params.structured is not None:  # compiled off the event loop, before the step needs it
+            sampler, constraint = self._sampler, params.structured
+            await asyncio.to_thread(lambda: sampler.grammars.compile(constraint))
         rid = request.request_id
         if rid in self._live:
             raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")

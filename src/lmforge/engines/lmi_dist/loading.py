@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from lmforge.engines.lmi_dist.lora import LoraRuntime
     from lmforge.engines.lmi_dist.sampler import RequestSampler
     from lmforge.engines.lmi_dist.sizing import KvCachePlan
+    from lmforge.engines.structured import Grammars
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
@@ -143,7 +144,14 @@ def build(cfg: ServingConfig) -> Built:
     manager = model.init_continuous_batching(
         generation_config=gen_config, continuous_batching_config=cb_config
     )
-    sampler = sampler_mod.RequestSampler()
+    vocab_size = int(text_cfg.vocab_size)
+
+    def grammars() -> Grammars:
+        from lmforge.engines.structured import Grammars
+
+        return Grammars(tokenizer, vocab_size, eos_ids)
+
+    sampler = sampler_mod.RequestSampler(grammars, eos_ids)
     lora = None
     if cfg.enable_lora:
         from lmforge.engines.lmi_dist.lora import LoraRuntime

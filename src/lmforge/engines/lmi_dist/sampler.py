@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import (
@@ -31,7 +31,10 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
-from lmforge.engines.protocol import SamplingParams
+from lmforge.engines.protocol import SamplingParams, StructuredOutput
+
+if TYPE_CHECKING:
+    from lmforge.engines.structured import Grammars
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 KEY_KWARG = "lmforge_key"
@@ -52,6 +55,9 @@ def request_kwargs(key: int, params: SamplingParams) -> dict[str, Any]:
 def _decode(raw: str) -> SamplingParams:
     data = json.loads(raw)
     data["stop"] = tuple(data["stop"])
+    data["logit_bias"] = tuple((int(t), float(b)) for t, b in data.get("logit_bias", ()))
+    if data.get("structured") is not None:
+        data["structured"] = StructuredOutput(**data["structured"])
     return SamplingParams(**data)
 
 
@@ -71,17 +77,36 @@ class _Row:
     """Index of the token being chosen (seeds its random draw)."""
     history: list[int] | None
     """Prompt + generated ids, for the repetition penalty."""
+    generated: list[int] | None = None
+    """Generated ids, for the presence and frequency penalties."""
+    matcher: Any = None
+    """The request's grammar matcher (structured output), None when unconstrained."""
 
 
 class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
     supported_kwargs: dict[str, type] = {KEY_KWARG: int, PARAMS_KWARG: str, LORA_KWARG: int}  # noqa: RUF012
     ignored_kwargs: tuple[str, ...] = ()
 
-    def __init__(self) -> None:
+    def __init__(
+        self, grammars: Callable[[], Grammars] | None = None, eos_ids: list[int] | None = None
+    ) -> None:
         self._records: dict[int, Record] = {}
         self._lock = threading.Lock()
         self._next_key = 0
         self._rows: list[_Row] = []
+        self._make_grammars = grammars
+        self._grammars: Grammars | None = None
+        self._eos_ids = list(eos_ids or [])
+
+    @property
+    def grammars(self) -> Grammars:
+        """The structured-output grammars (built on first use: xgrammar reads the whole vocabulary)."""
+        with self._lock:
+            if self._grammars is None:
+                if self._make_grammars is None:
+                    raise RuntimeError("this sampler was built without structured-output support")
+                self._grammars = self._make_grammars()
+            return self._grammars
 
     def register(self) -> tuple[int, Record]:
         with self._lock:
@@ -93,6 +118,8 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
 
     def remove(self, key: int) -> None:
         self._records.pop(key, None)
+        if self._grammars is not None:
+            self._grammars.drop(key)
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
         int32_tensor.fill_(-1)
@@ -104,10 +131,16 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             kwargs = state.logit_processor_kwargs
             raw = kwargs.get(PARAMS_KWARG)
             params = _decode(raw) if raw is not None else None
-            history = None
+            history = generated = None
             if params is not None and params.repetition_penalty != 1.0:
                 history = [*state.initial_tokens, *state.generated_tokens]
-            rows.append(_Row(kwargs.get(KEY_KWARG, -1), params, len(state.generated_tokens), history))
+            if params is not None and (params.presence_penalty or params.frequency_penalty):
+                generated = list(state.generated_tokens)
+            key = kwargs.get(KEY_KWARG, -1)
+            matcher = None
+            if params is not None and params.structured is not None:
+                matcher = self.grammars.matcher(key, params.structured)
+            rows.append(_Row(key, params, len(state.generated_tokens), history, generated, matcher))
         self._rows = rows  # consumed by __call__ of the same (synchronous) step
         return torch.tensor([row.key for row in rows], dtype=torch.int32)
 
@@ -115,22 +148,26 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         n = scores.size(0)
         rows = self._rows if len(self._rows) == n else [_Row(-1, None, 0, None)] * n
-        logprobs = torch.log_softmax(scores, dim=-1)
-        chosen = torch.argmax(scores, dim=-1)
+        logprobs = torch.log_softmax(scores, dim=-1)  # the model's own, before any grammar
+        constrained = [(i, row.matcher) for i, row in enumerate(rows) if row.matcher is not None]
+        allowed = self.grammars.mask(scores, constrained) if constrained else scores
+        chosen = torch.argmax(allowed, dim=-1)
         for i, row in enumerate(rows):
             p = row.params
             if p is None:
                 continue  # warm-up rows: greedy
-            if p.do_sample or p.repetition_penalty != 1.0:
+            if _reshapes(p, row.draw):
                 try:
-                    chosen[i] = self._pick(scores[i], p, row)
+                    chosen[i] = self._pick(allowed[i], p, row, self._eos_ids)
                 except Exception:  # one request's settings must never stop the loop for all
                     log.exception("sampling failed for one row; taking the greedy token")
-                    chosen[i] = torch.argmax(scores[i])
+                    chosen[i] = torch.argmax(allowed[i])
+            tok = int(chosen[i])
+            if row.matcher is not None and not row.matcher.accept_token(tok):
+                log.warning("request %d: token %d does not follow its grammar", row.key, tok)
             record = self._records.get(row.key)
             if record is None:
                 continue  # another rank, or a request cancelled mid-step: nobody reads it
-            tok = int(chosen[i])
             record.logprobs.append(float(logprobs[i, tok]))
             if p.top_n_logprobs > 0:
                 values, ids = torch.topk(logprobs[i], p.top_n_logprobs)
@@ -140,17 +177,29 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         return out
 
     @staticmethod
-    def _pick(row: torch.Tensor, p: SamplingParams, plan: _Row) -> torch.Tensor:
+    def _pick(row: torch.Tensor, p: SamplingParams, plan: _Row, eos_ids: list[int]) -> torch.Tensor:
         row = row.clone()
+        device = row.device
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=device)
+            row.index_add_(0, ids, torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=device))
         if plan.history:
-            seen = torch.tensor(sorted(set(plan.history)), dtype=torch.long, device=row.device)
+            seen = torch.tensor(sorted(set(plan.history)), dtype=torch.long, device=device)
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if plan.generated:
+            ids, counts = torch.unique(torch.tensor(plan.generated, device=device), return_counts=True)
+            row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
+        if plan.draw < p.min_new_tokens and eos_ids:
+            row[torch.tensor(eos_ids, dtype=torch.long, device=device)] = float("-inf")
         if not p.do_sample:
             return torch.argmax(row)
         greedy = torch.argmax(row)
         if p.temperature != 1.0:
             row = row / p.temperature
+        if p.min_p > 0.0:
+            probs = torch.softmax(row, dim=-1)
+            row = row.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
         if 0 < p.top_k < row.numel():
             kth = torch.topk(row, p.top_k).values[-1]
             row = row.masked_fill(row < kth, float("-inf"))
@@ -166,6 +215,18 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             # logits / a tiny temperature or penalty overflowed: that limit is the greedy token
             return greedy
         return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def _reshapes(p: SamplingParams, draw: int) -> bool:
+    """Whether a row's choice is more than the argmax of its logits."""
+    return bool(
+        p.do_sample
+        or p.repetition_penalty != 1.0
+        or p.presence_penalty
+        or p.frequency_penalty
+        or p.logit_bias
+        or draw < p.min_new_tokens
+    )
 
 
 class _Processors(ContinuousBatchingLogitsProcessorList):  # type: ignore[misc]

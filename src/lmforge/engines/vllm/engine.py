@@ -223,9 +223,15 @@ class VllmEngine(EngineBase):
         """vLLM's SamplingParams; vLLM's own limits become 400s naming the LMI field."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.exceptions import VLLMValidationError
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         sampled = params.do_sample
+        structured = None
+        if params.structured is not None:
+            from lmforge.engines.structured import schema_text
+
+            # vLLM's own structured outputs, xgrammar and compact JSON as on LMI-Dist (engine_kwargs)
+            structured = StructuredOutputsParams(json=schema_text(params.structured))
         try:
             return VllmSamplingParams(
                 max_tokens=params.max_new_tokens,
@@ -233,12 +239,18 @@ class VllmEngine(EngineBase):
                 top_k=params.top_k if sampled else 0,
                 top_p=params.top_p if sampled else 1.0,
                 repetition_penalty=params.repetition_penalty,
+                presence_penalty=params.presence_penalty,
+                frequency_penalty=params.frequency_penalty,
+                min_p=params.min_p if sampled else 0.0,
+                min_tokens=params.min_new_tokens,
+                logit_bias=dict(params.logit_bias) or None,
                 seed=params.seed,
                 ignore_eos=params.ignore_eos,
                 # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
                 # frontend's CPU per token (bench/frontend_overhead.py)
                 logprobs=params.top_n_logprobs if params.logprobs else None,
                 output_kind=RequestOutputKind.DELTA,
+                structured_outputs=structured,
                 # stop strings and text are lmforge's (as for LMI-Dist): every token gets its own text
                 detokenize=False,
             )
@@ -283,9 +295,10 @@ class VllmEngine(EngineBase):
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
                     output = await anext(stream)
-                except VLLMClientError as exc:
+                except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
                     name = getattr(exc, "parameter", None)
-                    raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), "inputs")) from None
+                    fallback = params.structured.param if params.structured is not None else "inputs"
+                    raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), fallback)) from None
                 while True:
                     if live.aborted:
                         state.finished = True

@@ -163,6 +163,13 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             problems.append(f"option.{name} = {text!r}: {exc}")
     if problems:
         raise VllmOptionError("invalid vLLM options:\n  " + "\n  ".join(problems))
+    if "structured_outputs_config" not in kwargs:
+        from vllm.config import StructuredOutputsConfig
+
+        # structured output as LMI-Dist does it (lmforge.engines.structured): xgrammar, compact JSON
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True
+        )
     return kwargs
 
 
@@ -204,5 +211,8 @@ def mapping_markdown() -> str:
         "on/off flags take `true`/`false`), e.g. `option.enable_prefix_caching=true`,",
         "`option.kv_cache_dtype=fp8`. Options vLLM does not know stop the server at start with the",
         "closest valid name.",
+        "",
+        "lmforge sets `structured_outputs_config` to xgrammar with `disable_any_whitespace` (compact",
+        "JSON, the grammar LMI-Dist applies too) unless `option.structured_outputs_config` says otherwise.",
     ]
     return "\n".join(lines)
