@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -106,6 +107,50 @@ def check_openai_client(
     assert "out of range" in str(caught.value)
     again = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
     assert again.choices[0].text == choice.text
+
+    # stop_token_ids end the reply as EOS does, without their text (the ids from LMI's details)
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    lmi = {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "details": True, "do_sample": False}}
+    tokens = httpx.post(f"{base}/invocations", json=lmi, timeout=60).json()["details"]["tokens"]
+    ids = [t["id"] for t in tokens]
+    at = ids.index(ids[2])
+    cut = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=6, temperature=0, extra_body={"stop_token_ids": [ids[2]]}
+    )
+    assert cut.choices[0].finish_reason == "stop" and cut.usage is not None
+    assert cut.usage.completion_tokens == at + 1
+    assert cut.choices[0].text == "".join(t["text"] for t in tokens[:at])
+
+    # n choices: greedy ones are all the greedy answer; seeded samples are reproducible, streamed or not
+    greedy = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0, n=3)
+    assert [c.index for c in greedy.choices] == [0, 1, 2] and {c.text for c in greedy.choices} == {
+        choice.text
+    }
+    assert greedy.usage is not None and greedy.usage.completion_tokens == 18
+    assert done.usage is not None and greedy.usage.prompt_tokens == done.usage.prompt_tokens
+    several: Any = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 11,
+        "n": 3,
+    }
+    whole = client.chat.completions.create(**several)
+    texts = [c.message.content for c in sorted(whole.choices, key=lambda c: c.index)]
+    assert len(texts) == 3 and len(set(texts)) > 1, texts  # seed + i: different draws
+    parts: dict[int, str] = {}
+    finished = set()
+    for chunk in client.chat.completions.create(
+        **several, stream=True, stream_options={"include_usage": True}
+    ):
+        if chunk.usage is not None:
+            assert whole.usage is not None and chunk.usage.completion_tokens == whole.usage.completion_tokens
+        for c in chunk.choices:
+            parts[c.index] = parts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    assert [parts[i] for i in range(3)] == texts and finished == {0, 1, 2}
 
 
 ANSWER_SCHEMA = {

@@ -51,7 +51,7 @@ def test_neutral_tgi_params_accepted_only_when_neutral() -> None:
         ({"input": "x"}, "inputs", "'inputs'"),
         ({"messages": "hi"}, "messages", "list"),
         ({"messages": [{"role": "user"}]}, "messages.0.content", "required"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "1"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 17}, "n", "16"),
         (
             {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
             "top_logprobs",

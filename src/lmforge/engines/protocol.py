@@ -78,6 +78,8 @@ class SamplingParams:
     """Sampling keeps only tokens at least ``min_p`` times as likely as the most likely one."""
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits before the choice."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Tokens that end the reply as EOS does (even with ``ignore_eos``); their text is not returned."""
 
 
 @dataclass(frozen=True, slots=True)

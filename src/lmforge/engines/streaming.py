@@ -21,6 +21,8 @@ class TokenStream:
     tokenizer: Any
     stop: tuple[str, ...]
     prompt_len: int
+    silent: frozenset[int] = frozenset()
+    """Ids whose text is never returned (a request's ``stop_token_ids``: they end it, as EOS does)."""
     generated: int = 0
     finished: bool = False
     detok: IncrementalDetokenizer = field(init=False)
@@ -37,6 +39,10 @@ class TokenStream:
         request (a stop string found here overrides it); ``engine_reason`` names an engine error."""
         ready: list[tuple[Token, str]] = []
         for token in tokens:
+            if token.id in self.silent:
+                token.special = True
+                ready.extend(self.stops.push(token, ""))
+                continue
             ready.extend(self.stops.push(token, self.detok.step(token.id)))
             if self.stops.stopped:
                 break

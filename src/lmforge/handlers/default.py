@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -134,6 +135,8 @@ class DefaultHandler:
     def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
         if req.params.logit_bias:
             self._check_ids((t for t, _ in req.params.logit_bias), "logit_bias")
+        if req.params.stop_token_ids:
+            self._check_ids(req.params.stop_token_ids, "stop_token_ids")
         if req.prompt_ids is not None:
             self._check_ids(req.prompt_ids, "prompt")
             return req.prompt_ids, True
@@ -190,6 +193,8 @@ class DefaultHandler:
             add_special_tokens=add_special,
             adapter=adapter,
         )
+        if req.n > 1:
+            return await self._choices(req, served, request, media)
         events = self.engine.generate(request)
         try:
             first = await anext(events)  # validation happens here, before any byte is sent
@@ -210,13 +215,10 @@ class DefaultHandler:
         out.add_property("X-Accel-Buffering", "no")
         return out.add_stream_content(self._stream(req, served, first, events, media))
 
-    async def _collect(
-        self,
-        req: ParsedRequest,
-        served: str,
-        first: GenerationEvent,
-        events: AsyncGenerator[GenerationEvent, None],
-    ) -> dict[str, Any]:
+    async def _drain(
+        self, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
+    ) -> list[GenerationEvent]:
+        """Every event of one stream, ending with its final one; a failed generation raises."""
         collected = [first]
         async for event in events:
             collected.append(event)
@@ -225,6 +227,116 @@ class DefaultHandler:
         last = collected[-1]
         if last.finish_reason == FinishReason.ERROR:
             raise error_for_status(last.error_status, last.error or "generation failed")
+        return collected
+
+    async def _choices(
+        self, req: ParsedRequest, served: str, request: GenerationRequest, media: str | None
+    ) -> Output:
+        """OpenAI's ``n`` > 1: one engine request per choice, all in the running batch at once, answered
+        together (choice ``i`` of a seeded request samples with seed + i)."""
+        requests = []
+        for i in range(req.n):
+            params = request.params
+            if params.seed is not None:
+                params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
+            rid = f"{request.request_id}-{i}"
+            requests.append(dataclasses.replace(request, request_id=rid, params=params))
+        streams = [self.engine.generate(r) for r in requests]
+        firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+        failed = next((f for f in firsts if isinstance(f, BaseException)), None)
+        if failed is None:
+            failed = next(
+                (
+                    error_for_status(f.error_status, f.error or "generation failed")
+                    for f in firsts
+                    if isinstance(f, GenerationEvent) and f.finish_reason == FinishReason.ERROR
+                ),
+                None,
+            )
+        if failed is not None:
+            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+            if isinstance(failed, BadRequestError):
+                raise _in_request_terms(failed, req) from None
+            raise failed
+        starts = [f for f in firsts if isinstance(f, GenerationEvent)]
+        formatters = [self._openai_formatter(req, served) for _ in range(req.n)]
+        for i, formatter in enumerate(formatters):
+            formatter.index, formatter.id, formatter.created = i, formatters[0].id, formatters[0].created
+        out = Output()
+        if media is None:
+            try:
+                pairs = zip(starts, streams, strict=True)
+                collected = await asyncio.gather(*(self._drain(f, s) for f, s in pairs))
+            finally:
+                await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+            bodies = [f.final_json(events) for f, events in zip(formatters, collected, strict=True)]
+            answer = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
+            answer["usage"] = fmt.choices_usage(list(formatters))
+            return out.add_as_json(answer)
+        out.add_property("Content-Type", media)
+        out.add_property("X-Accel-Buffering", "no")
+        return out.add_stream_content(self._stream_choices(formatters, starts, streams, media))
+
+    async def _stream_choices(
+        self,
+        formatters: list[fmt.ChatFormatter | fmt.CompletionFormatter],
+        starts: list[GenerationEvent],
+        streams: list[AsyncGenerator[GenerationEvent, None]],
+        media: str,
+    ) -> AsyncIterator[bytes]:
+        """The choices' chunks as each is generated (OpenAI's ``index`` tells them apart)."""
+        queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
+
+        async def pump(i: int, event: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]) -> None:
+            try:
+                while True:
+                    await queue.put((i, event))
+                    if event.finished:
+                        return
+                    try:
+                        event = await anext(events)
+                    except StopAsyncIteration:
+                        event = self._cut_short(event)
+            except Exception as exc:
+                err: LmforgeError = classify(exc)
+                await queue.put(
+                    (
+                        i,
+                        GenerationEvent(
+                            None,
+                            event.prompt_tokens,
+                            event.generated_tokens,
+                            finish_reason=FinishReason.ERROR,
+                            error=err.message,
+                            error_status=err.status,
+                        ),
+                    )
+                )
+
+        pairs = enumerate(zip(starts, streams, strict=True))
+        tasks = [asyncio.create_task(pump(i, e, s)) for i, (e, s) in pairs]
+        try:
+            open_choices = len(tasks)
+            while open_choices:
+                i, event = await queue.get()
+                yield formatters[i].stream_frame(event, media)
+                open_choices -= event.finished
+            yield formatters[0].trailer(media, fmt.choices_usage(list(formatters)))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+
+    async def _collect(
+        self,
+        req: ParsedRequest,
+        served: str,
+        first: GenerationEvent,
+        events: AsyncGenerator[GenerationEvent, None],
+    ) -> dict[str, Any]:
+        collected = await self._drain(first, events)
+        last = collected[-1]
         if req.openai:
             return self._openai_formatter(req, served).final_json(collected)
         lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)

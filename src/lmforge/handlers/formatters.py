@@ -162,6 +162,8 @@ class _OpenAIFormatter:
     def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False) -> None:
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.index = 0
+        """The choice this formatter builds (``n`` > 1: one formatter per choice, sharing id and created)."""
         self.model = model
         self.logprobs = logprobs
         self.include_usage = include_usage
@@ -192,6 +194,7 @@ class _OpenAIFormatter:
                 self.tokens.append(event.token)
             last = event
         assert last is not None and last.finish_reason is not None
+        self.last = last
         return last
 
     def stream_frame(self, event: GenerationEvent, media_type: str) -> bytes:
@@ -207,15 +210,24 @@ class _OpenAIFormatter:
                 out["error"] = {"message": event.error, "code": event.error_status}
         return out
 
-    def trailer(self, media_type: str) -> bytes:
-        """What ends a stream: the usage chunk when asked (``stream_options.include_usage``), then SSE's
-        ``[DONE]``."""
+    def trailer(self, media_type: str, usage: dict[str, int] | None = None) -> bytes:
+        """What ends a stream: the usage chunk when asked (``stream_options.include_usage``; ``usage``
+        of all choices when there are several), then SSE's ``[DONE]``."""
         out = b""
         if self.include_usage and self.last is not None:
-            out += frame({**self._envelope(self.object_name, []), "usage": self.usage(self.last)}, media_type)
+            usage = usage or self.usage(self.last)
+            out += frame({**self._envelope(self.object_name, []), "usage": usage}, media_type)
         if media_type == SSE:
             out += b"data: [DONE]\n\n"
         return out
+
+
+def choices_usage(formatters: list[_OpenAIFormatter]) -> dict[str, int]:
+    """Usage of a request answered with several choices: the prompt once, every choice's tokens."""
+    ends = [f.last for f in formatters if f.last is not None]
+    prompt = ends[0].prompt_tokens if ends else 0
+    completion = sum(e.generated_tokens for e in ends)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 class ChatFormatter(_OpenAIFormatter):
@@ -268,7 +280,7 @@ class ChatFormatter(_OpenAIFormatter):
             if found:
                 calls = message["tool_calls"] = self._openai_calls(found)
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": self.index,
             "message": message,
             "logprobs": {"content": [self._logprob_entry(t) for t in self.tokens]} if self.logprobs else None,
             "finish_reason": self._finish_reason(last.finish_reason, calls),
@@ -296,7 +308,7 @@ class ChatFormatter(_OpenAIFormatter):
         else:
             delta["content"] = text
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": self.index,
             "delta": delta,
             "logprobs": (
                 {"content": [self._logprob_entry(event.token)]}
@@ -387,7 +399,7 @@ class CompletionFormatter(_OpenAIFormatter):
         last = self._collect(events)
         assert last.finish_reason is not None
         choice = {
-            "index": 0,
+            "index": self.index,
             "text": self.echo + "".join(t.text for t in self.tokens),
             "logprobs": self._logprobs(self.tokens),
             "finish_reason": _CHAT_FINISH[last.finish_reason],
@@ -400,7 +412,7 @@ class CompletionFormatter(_OpenAIFormatter):
         if self.echo:
             text, self.echo = self.echo + text, ""
         choice = {
-            "index": 0,
+            "index": self.index,
             "text": text,
             "logprobs": self._logprobs(tokens),
             "finish_reason": _CHAT_FINISH[event.finish_reason] if event.finish_reason else None,

@@ -36,6 +36,8 @@ from lmforge.handlers.tools import (
 
 #: OpenAI's default max_tokens for completions (chat has none: the model's remaining length)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+#: most choices (``n``) one request may ask for
+MAX_CHOICES = 16
 
 
 class TextPart(BaseModel):
@@ -116,7 +118,8 @@ class _Sampling(BaseModel):
     stop: StopList | str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] | None = 1
+    """Choices to generate for the prompt (each its own engine request; seeded ones use seed + i)."""
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = 0.0
     logit_bias: (
@@ -141,7 +144,7 @@ class _Sampling(BaseModel):
     skip_special_tokens: Literal[True] | None = True
     spaces_between_special_tokens: Literal[True] | None = True
     include_stop_str_in_output: Literal[False] | None = False
-    stop_token_ids: Annotated[list[int], Field(max_length=0)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
 
     def sampling_params(
         self, max_new_tokens: int, top_n: int, logprobs: bool, structured: StructuredOutput | None = None
@@ -181,6 +184,7 @@ class _Sampling(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             min_p=self.min_p or 0.0,
             logit_bias=tuple(sorted((int(k), v) for k, v in (self.logit_bias or {}).items())),
+            stop_token_ids=tuple(dict.fromkeys(self.stop_token_ids or ())),
         )
 
     def check_stream_options(self) -> None:
@@ -260,6 +264,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
         tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
         tool_mode=mode,
         auto_tools=bool(req.tools) and req.tool_choice in (None, "auto"),
+        n=req.n or 1,
     )
 
 
@@ -301,4 +306,5 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         length_field="max_tokens",
         prompt_ids=ids,
         echo=bool(req.echo),
+        n=req.n or 1,
     )

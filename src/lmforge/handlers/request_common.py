@@ -64,6 +64,8 @@ class ParsedRequest:
     """Chat: the reply is a forced tool call, read back as ``tool_calls``."""
     auto_tools: bool = False
     """Chat: the model may call tools (``tool_choice: "auto"``); the tool-call parser reads its reply."""
+    n: int = 1
+    """OpenAI: how many choices to generate."""
 
     @property
     def chat(self) -> bool:

@@ -235,7 +235,8 @@ class LmiDistEngine(EngineBase):
             key, record = self._sampler.register()
             manager = self._manager
             manager.register_result_handler(cb_rid, live.push)
-            eos = -1 if params.ignore_eos or not self._eos_ids else self._eos_ids
+            ends = [*([] if params.ignore_eos else self._eos_ids), *params.stop_token_ids]
+            eos = ends or -1
             kwargs = request_kwargs(key, params)
             if adapter is not None:
                 kwargs[LORA_KWARG] = adapter.int_id

@@ -97,7 +97,8 @@ async def output_events(
             idx = seen
             seen += 1
             counters["tokens_total"] += 1
-            special = tid in eos_ids
+            silent = tid in params.stop_token_ids  # ends the reply; its text is not returned
+            special = silent or tid in eos_ids
             token = Token(
                 id=tid,
                 text="",
@@ -105,7 +106,7 @@ async def output_events(
                 special=special,
                 top_logprobs=_top(tokenizer, params, record, idx),
             )
-            ready.extend(stops.push(token, detok.step(tid)))
+            ready.extend(stops.push(token, "" if silent else detok.step(tid)))
             if stops.stopped:
                 break
         reason: FinishReason | None = None
@@ -125,7 +126,8 @@ async def output_events(
 
 
 def _finish_reason(generated: list[int], params: SamplingParams, eos_ids: list[int]) -> FinishReason:
-    if generated and generated[-1] in eos_ids and not params.ignore_eos:
+    last = generated[-1] if generated else None
+    if last in params.stop_token_ids or (last in eos_ids and not params.ignore_eos):
         return FinishReason.EOS
     return FinishReason.LENGTH
 

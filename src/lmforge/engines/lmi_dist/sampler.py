@@ -56,6 +56,7 @@ def _decode(raw: str) -> SamplingParams:
     data = json.loads(raw)
     data["stop"] = tuple(data["stop"])
     data["logit_bias"] = tuple((int(t), float(b)) for t, b in data.get("logit_bias", ()))
+    data["stop_token_ids"] = tuple(data.get("stop_token_ids", ()))
     if data.get("structured") is not None:
         data["structured"] = StructuredOutput(**data["structured"])
     return SamplingParams(**data)
@@ -190,8 +191,9 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         if plan.generated:
             ids, counts = torch.unique(torch.tensor(plan.generated, device=device), return_counts=True)
             row[ids] -= p.frequency_penalty * counts.to(row.dtype) + p.presence_penalty
-        if plan.draw < p.min_new_tokens and eos_ids:
-            row[torch.tensor(eos_ids, dtype=torch.long, device=device)] = float("-inf")
+        ends = [*eos_ids, *p.stop_token_ids]
+        if plan.draw < p.min_new_tokens and ends:
+            row[torch.tensor(ends, dtype=torch.long, device=device)] = float("-inf")
         if not p.do_sample:
             return torch.argmax(row)
         greedy = torch.argmax(row)

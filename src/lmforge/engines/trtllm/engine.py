@@ -208,6 +208,22 @@ class TrtllmEngine(EngineBase):
 
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
+        unmapped = {
+            "min_tokens": params.min_new_tokens,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "min_p": params.min_p,
+            "logit_bias": params.logit_bias,
+            "stop_token_ids": params.stop_token_ids,
+            params.structured.param if params.structured else "response_format": params.structured,
+        }
+        asked = next((name for name, value in unmapped.items() if value), None)
+        if asked is not None:
+            raise BadRequestError(
+                f"{asked} is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM "
+                "honour it)",
+                param=asked,
+            )
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,

@@ -244,6 +244,7 @@ class VllmEngine(EngineBase):
                 min_p=params.min_p if sampled else 0.0,
                 min_tokens=params.min_new_tokens,
                 logit_bias=dict(params.logit_bias) or None,
+                stop_token_ids=list(params.stop_token_ids) or None,
                 seed=params.seed,
                 ignore_eos=params.ignore_eos,
                 # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
@@ -285,7 +286,7 @@ class VllmEngine(EngineBase):
         live = _Live(f"{rid}#{self._submissions}")  # unique per submission, even when callers reuse ids
         self._live[rid] = live
         self._counters["requests_total"] += 1
-        state = TokenStream(self._tokenizer, params.stop, len(prompt_ids))
+        state = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
         try:
