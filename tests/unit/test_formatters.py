@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
 from lmforge.handlers import formatters as fmt
 
@@ -91,3 +93,25 @@ def test_chat_json_and_chunks() -> None:
     usage = json.loads(asked.trailer(fmt.SSE).split(b"\n\n")[0][len(b"data: ") :])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
     assert all(ch["id"] == chunks[0]["id"] for ch in chunks)
+
+
+TEXTS = ["x", " hello", 'quo"te', "back\\slash", "new\nline\t\r", "\x00\x1f", "ünïcødé 字 🙂", "", "\u2028"]
+
+
+@pytest.mark.parametrize("media", [fmt.JSONLINES, fmt.SSE])
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_openai_chunk_template_is_byte_identical_to_the_encoded_dict(media: str, kind: str) -> None:
+    def make() -> fmt.ChatFormatter | fmt.CompletionFormatter:
+        f: fmt.ChatFormatter | fmt.CompletionFormatter = fmt.CompletionFormatter("m", logprobs=False)
+        if kind == "chat":
+            f = fmt.ChatFormatter('m"odel', logprobs=False)
+        f.index, f.id, f.created = 2, "chatcmpl-x", 1700000000
+        return f
+
+    fast, slow = make(), make()
+    for n, text in enumerate(TEXTS, start=1):
+        event = GenerationEvent(Token(n, text, -0.5), 3, n)
+        assert fast.stream_frame(event, media) == fmt.frame(slow.chunk(event), media), text
+    last = GenerationEvent(Token(9, "end", -0.5), 3, 99, finish_reason=FinishReason.LENGTH)
+    assert fast.stream_frame(last, media) == fmt.frame(slow.chunk(last), media)
+    assert fast.trailer(media) == slow.trailer(media)

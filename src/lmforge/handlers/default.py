@@ -287,31 +287,10 @@ class DefaultHandler:
         """The choices' chunks as each is generated (OpenAI's ``index`` tells them apart)."""
         queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
 
-        async def pump(i: int, event: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]) -> None:
-            try:
-                while True:
+        async def pump(i: int, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]) -> None:
+            async with contextlib.aclosing(self._through_final(first, events)) as choice:
+                async for event in choice:
                     await queue.put((i, event))
-                    if event.finished:
-                        return
-                    try:
-                        event = await anext(events)
-                    except StopAsyncIteration:
-                        event = self._cut_short(event)
-            except Exception as exc:
-                err: LmforgeError = classify(exc)
-                await queue.put(
-                    (
-                        i,
-                        GenerationEvent(
-                            None,
-                            event.prompt_tokens,
-                            event.generated_tokens,
-                            finish_reason=FinishReason.ERROR,
-                            error=err.message,
-                            error_status=err.status,
-                        ),
-                    )
-                )
 
         pairs = enumerate(zip(starts, streams, strict=True))
         tasks = [asyncio.create_task(pump(i, e, s)) for i, (e, s) in pairs]
@@ -354,10 +333,12 @@ class DefaultHandler:
     ) -> AsyncIterator[bytes]:
         openai = self._openai_formatter(req, served) if req.openai else None
         if openai is not None:
-            render, stream_frame = openai.chunk, openai.stream_frame
+            stream_frame = openai.stream_frame
         else:
             lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
-            render, stream_frame = lmi.stream_line, lmi.stream_frame
+            stream_frame = lmi.stream_frame
+        # the hot path (a frame per token) keeps its own loop: one async-generator hop less per token
+        # than _through_final (bench/streaming_ceiling.py)
         async with contextlib.aclosing(events):
             event = first
             try:
@@ -370,18 +351,27 @@ class DefaultHandler:
                     except StopAsyncIteration:
                         event = self._cut_short(event)
             except Exception as exc:  # the status line is gone: report in-band, in the stream's framing
-                err: LmforgeError = classify(exc)
-                tail = GenerationEvent(
-                    None,
-                    event.prompt_tokens,
-                    event.generated_tokens,
-                    finish_reason=FinishReason.ERROR,
-                    error=err.message,
-                    error_status=err.status,
-                )
-                yield fmt.frame(render(tail), media)
+                yield stream_frame(_error_event(event, exc), media)
         if openai is not None:
             yield openai.trailer(media)
+
+    async def _through_final(
+        self, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """``first``, then the stream's events up to its final one. A stream that ends without one, or
+        fails, ends with an error event: the status line is gone, so errors are reported in-band."""
+        event = first
+        try:
+            while True:
+                yield event
+                if event.finished:
+                    return
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    event = self._cut_short(event)
+        except Exception as exc:
+            yield _error_event(event, exc)
 
     def _openai_formatter(
         self, req: ParsedRequest, model: str
@@ -430,6 +420,19 @@ class DefaultHandler:
             error="the engine ended the stream without a final event",
             error_status=424,
         )
+
+
+def _error_event(last: GenerationEvent, exc: Exception) -> GenerationEvent:
+    """The final event of a stream that failed after ``last``."""
+    err: LmforgeError = classify(exc)
+    return GenerationEvent(
+        None,
+        last.prompt_tokens,
+        last.generated_tokens,
+        finish_reason=FinishReason.ERROR,
+        error=err.message,
+        error_status=err.status,
+    )
 
 
 def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestError:

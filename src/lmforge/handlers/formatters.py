@@ -198,7 +198,28 @@ class _OpenAIFormatter:
         return last
 
     def stream_frame(self, event: GenerationEvent, media_type: str) -> bytes:
-        return frame(self.chunk(event), media_type)
+        """``frame(self.chunk(event), media_type)``, byte for byte; a plain text chunk (the common
+        case) is written from a template, as LMI's token line is."""
+        token = event.token
+        if token is None or event.finished or not self._plain():
+            return frame(self.chunk(event), media_type)
+        if self._template is None:
+            head = dumps({**self._envelope(self.object_name, [{"index": self.index}])})
+            # '...,"choices":[{"index":N}]}' -> '...,"choices":[{"index":N,' + field + TEXT + tail
+            self._template = (head[:-3] + self._text_field, self._tail)
+        before, after = self._template
+        line = f"{before}{encode_basestring(token.text)}{after}"
+        return f"data: {line}\n\n".encode() if media_type == SSE else (line + "\n").encode()
+
+    _template: tuple[str, str] | None = None
+    _text_field = ""
+    """What precedes a chunk's text, after the choice's index (``,"text":`` ...)."""
+    _tail = ""
+    """What follows a chunk's text."""
+
+    def _plain(self) -> bool:
+        """Whether the next chunk is the plain one the template writes."""
+        return False
 
     def chunk(self, event: GenerationEvent) -> dict[str, Any]:
         raise NotImplementedError
@@ -235,6 +256,11 @@ class ChatFormatter(_OpenAIFormatter):
 
     object_name = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
+    _text_field = ',"delta":{"content":'
+    _tail = '},"logprobs":null,"finish_reason":null}]}'
+
+    def _plain(self) -> bool:
+        return self._sent_role and not self.logprobs and self.tool_mode is None and self.reply is None
 
     def __init__(
         self,
@@ -375,6 +401,11 @@ class CompletionFormatter(_OpenAIFormatter):
 
     object_name = "text_completion"
     id_prefix = "cmpl-"
+    _text_field = ',"text":'
+    _tail = ',"logprobs":null,"finish_reason":null}]}'
+
+    def _plain(self) -> bool:
+        return not self.echo and not self.logprobs
 
     def __init__(self, model: str, *, logprobs: bool, include_usage: bool = False, echo: str = "") -> None:
         super().__init__(model, logprobs=logprobs, include_usage=include_usage)
