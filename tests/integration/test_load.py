@@ -600,10 +600,11 @@ BAD_NUMBERS["temperature"] = st.floats(max_value=-1e-9) | st.floats(min_value=2.
 BAD_NUMBERS["parameters.top_n_tokens"] = st.integers(max_value=-1) | st.integers(min_value=21) | _nan_inf
 BAD_NUMBERS["top_logprobs"] = st.integers(max_value=-1) | st.integers(min_value=21) | _nan_inf
 BAD_NUMBERS["parameters.typical_p"] = st.floats(max_value=0.99) | st.floats(min_value=1.01) | _nan_inf
-for _name in ("parameters.best_of", "parameters.num_beams", "parameters.n", "n"):
+for _name in ("parameters.best_of", "parameters.num_beams", "parameters.n"):
     BAD_NUMBERS[_name] = st.integers().filter(lambda v: v != 1) | _nan_inf
-for _name in ("frequency_penalty", "presence_penalty"):
-    BAD_NUMBERS[_name] = st.floats().filter(lambda v: v != 0) | _huge
+BAD_NUMBERS["n"] = st.integers(max_value=0) | st.integers(min_value=17) | _nan_inf  # 1..16 choices
+for _name in ("frequency_penalty", "presence_penalty"):  # OpenAI's range, -2 .. 2
+    BAD_NUMBERS[_name] = st.floats(max_value=-2.0001) | st.floats(min_value=2.0001) | _huge | _nan_inf
 
 
 def _is_int(v: Any) -> bool:
