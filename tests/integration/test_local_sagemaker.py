@@ -270,6 +270,7 @@ def test_update_then_delete(
     out = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
         *("--artifact-format", "prefix", "--env", "OPTION_MAX_ROLLING_BATCH_SIZE=4"),
+        *("--env", "OPTION_ENABLE_STATEFUL_SESSIONS=true"),
         env=local,
     )
     assert f"{name}: InService (updated)" in out.stdout
@@ -278,7 +279,10 @@ def test_update_then_delete(
     model = sm.describe_model(ModelName=second["EndpointConfigName"])
     source = model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]
     assert source["CompressionType"] == "None" and source["S3Uri"].endswith("/")
-    assert model["PrimaryContainer"]["Environment"] == {"OPTION_MAX_ROLLING_BATCH_SIZE": "4"}
+    assert model["PrimaryContainer"]["Environment"] == {
+        "OPTION_MAX_ROLLING_BATCH_SIZE": "4",
+        "OPTION_ENABLE_STATEFUL_SESSIONS": "true",
+    }
     new_pid = _container_pid(local, name)
     assert new_pid != first_pid
     _wait_gone(first_pid)
@@ -288,6 +292,7 @@ def test_update_then_delete(
         ContentType="application/json",
     )
     assert "generated_text" in json.loads(resp["Body"].read())
+    _sticky_session_round_trip(smr, name)
 
     again = lmforge(
         *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
@@ -300,6 +305,39 @@ def test_update_then_delete(
     _wait_gone(_container_pid(local, name))
     with pytest.raises(sm.exceptions.ClientError):
         sm.describe_endpoint(EndpointName=name)
+
+
+def _sticky_session_round_trip(smr: Any, name: str) -> None:
+    """boto3's SessionId against an endpoint with OPTION_ENABLE_STATEFUL_SESSIONS=true: open, use, close."""
+    import re
+
+    opened = smr.invoke_endpoint(
+        EndpointName=name,
+        Body=json.dumps({"requestType": "NEW_SESSION"}),
+        ContentType="application/json",
+        SessionId="NEW_SESSION",
+    )
+    assert re.fullmatch(r"[0-9a-f-]+; Expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", opened["NewSessionId"])
+    session = opened["NewSessionId"].split(";")[0]
+    body = json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 3}})
+    turn = smr.invoke_endpoint(
+        EndpointName=name, Body=body, ContentType="application/json", SessionId=session
+    )
+    assert "generated_text" in json.loads(turn["Body"].read())
+    streamed = smr.invoke_endpoint_with_response_stream(
+        EndpointName=name, Body=body, ContentType="application/json", SessionId=session
+    )
+    assert list(streamed["Body"])
+    closed = smr.invoke_endpoint(
+        EndpointName=name,
+        Body=json.dumps({"requestType": "CLOSE"}),
+        ContentType="application/json",
+        SessionId=session,
+    )
+    assert closed["ClosedSessionId"] == session
+    with pytest.raises(smr.exceptions.ModelError) as err:  # closed: SageMaker relays the container's 400
+        smr.invoke_endpoint(EndpointName=name, Body=body, ContentType="application/json", SessionId=session)
+    assert err.value.response["OriginalStatusCode"] == 400
 
 
 def _wait_gone(pid: int, timeout: float = 40.0) -> None:

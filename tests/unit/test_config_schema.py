@@ -37,6 +37,8 @@ EXPECTED_KEYS: dict[str, tuple[str, object]] = {
     "option.enable_auto_tool_choice": ("enable_auto_tool_choice", False),
     "option.tool_call_parser": ("tool_call_parser", None),
     "option.reasoning_parser": ("reasoning_parser", None),
+    "option.enable_stateful_sessions": ("enable_stateful_sessions", False),
+    "option.sessions_expiration": ("sessions_expiration", 1200),
     "option.entryPoint": ("entry_point", None),
     "option.quantize": ("quantize", None),
     "option.enable_lora": ("enable_lora", False),

@@ -74,10 +74,7 @@ async def serve(
     handler: Handler = (
         create_handler(resolved) if files and "model.py" in files else DefaultHandler(config, engine)
     )
-    state = ServerState(
-        max_in_flight=config.max_rolling_batch_size + config.job_queue_size,
-        max_request_size=config.max_request_size,
-    )
+    state = ServerState.for_config(config)
     app = App(handler, state)
     inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -738,3 +735,55 @@ def test_auto_tool_calls_and_reasoning_are_read_from_the_reply(tiny_model: Path)
         assert "option.enable_auto_tool_choice" in resp.json()["message"]
 
     run(tiny_model, without)
+
+
+def test_stateful_sessions_open_serve_close_and_expire(tiny_model: Path) -> None:
+    """option.enable_stateful_sessions: SageMaker's session requests answered by the server itself,
+    session ids checked on model requests; off, a session request is a 400 that says what to set."""
+    import re
+
+    body = {"inputs": "a", "parameters": {"max_new_tokens": 2}}
+
+    async def scenario(srv: Served) -> None:
+        opened = await srv.client.post("/invocations", json={"requestType": "NEW_SESSION"})
+        assert opened.status_code == 200 and opened.text.startswith("Session ")
+        value = opened.headers["x-amzn-sagemaker-session-id"]
+        assert value == opened.headers["x-amzn-sagemaker-new-session-id"]
+        assert re.fullmatch(r"[0-9a-f-]+; Expires=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", value)
+        sid = value.split(";")[0]
+        header = {"X-Amzn-SageMaker-Session-Id": sid}
+        assert (await srv.client.post("/invocations", json=body, headers=header)).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert (await srv.client.post("/v1/chat/completions", json=chat, headers=header)).status_code == 200
+        for bad, param in (
+            ({"X-Amzn-SageMaker-Session-Id": "nope"}, "X-Amzn-SageMaker-Session-Id"),
+            ({}, "X-Amzn-SageMaker-Session-Id"),  # CLOSE without the id
+        ):
+            resp = await srv.client.post("/invocations", json={"requestType": "CLOSE"}, headers=bad)
+            assert (resp.status_code, resp.json()["param"]) == (400, param), resp.text
+        wrong = await srv.client.post("/invocations", json={"requestType": "OPEN"})
+        assert (wrong.status_code, wrong.json()["param"]) == (400, "requestType")
+        closed = await srv.client.post("/invocations", json={"requestType": "CLOSE"}, headers=header)
+        assert closed.status_code == 200 and closed.headers["x-amzn-sagemaker-closed-session-id"] == sid
+        after = await srv.client.post("/invocations", json=body, headers=header)
+        assert (after.status_code, after.json()["param"]) == (400, "X-Amzn-SageMaker-Session-Id")
+        assert "NEW_SESSION" in after.json()["message"]
+        # a short-lived session expires
+        srv.state.sessions.expiration_s = 1  # type: ignore[union-attr]
+        brief = (await srv.client.post("/invocations", json={"requestType": "NEW_SESSION"})).headers
+        await asyncio.sleep(1.1)
+        late = {"X-Amzn-SageMaker-Session-Id": brief["x-amzn-sagemaker-session-id"].split(";")[0]}
+        assert (await srv.client.post("/invocations", json=body, headers=late)).status_code == 400
+
+    run(tiny_model, scenario, "option.enable_stateful_sessions=true\n")
+
+    async def off(srv: Served) -> None:
+        resp = await srv.client.post("/invocations", json={"requestType": "NEW_SESSION"})
+        assert (resp.status_code, resp.json()["param"]) == (400, "requestType")
+        assert "option.enable_stateful_sessions" in resp.json()["message"]
+        # without sessions the header means nothing, and a prompt may mention requestType
+        fine = {"inputs": '{"requestType": "NEW_SESSION"}', "parameters": {"max_new_tokens": 2}}
+        ok = await srv.client.post("/invocations", json=fine, headers={"X-Amzn-SageMaker-Session-Id": "x"})
+        assert ok.status_code == 200
+
+    run(tiny_model, off)

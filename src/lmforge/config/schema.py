@@ -209,6 +209,17 @@ class ServingConfig(BaseModel):
         "deepseek_r1 (the reply starts inside it) or qwen3 (when the reply opens with <think>)",
         json_schema_extra=_key("option.reasoning_parser"),
     )
+    enable_stateful_sessions: Bool = Field(
+        default=False,
+        description='SageMaker sticky sessions: {"requestType": "NEW_SESSION"} opens one, requests '
+        'carry X-Amzn-SageMaker-Session-Id, {"requestType": "CLOSE"} ends it',
+        json_schema_extra=_key("option.enable_stateful_sessions"),
+    )
+    sessions_expiration: PositiveInt = Field(
+        default=1200,
+        description="seconds a stateful session stays open",
+        json_schema_extra=_key("option.sessions_expiration"),
+    )
     entry_point: str | None = Field(
         default=None,
         description="custom handler: a .py file in the model folder or a dotted module name; "

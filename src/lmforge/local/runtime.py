@@ -292,6 +292,17 @@ class _Handler(BaseHTTPRequestHandler):
         custom = response.getheader("X-Amzn-SageMaker-Custom-Attributes")
         if custom:
             self.send_header("X-Amzn-SageMaker-Custom-Attributes", custom)
+        # sticky sessions: the container names a new session (djl-serving: in X-Amzn-SageMaker-Session-Id,
+        # AWS's toolkit: in ...-New-Session-Id) and a closed one; the client reads NewSessionId and
+        # ClosedSessionId
+        opened = response.getheader("X-Amzn-SageMaker-New-Session-Id") or response.getheader(
+            "X-Amzn-SageMaker-Session-Id"
+        )
+        if opened:
+            self.send_header("X-Amzn-SageMaker-New-Session-Id", opened)
+        closed = response.getheader("X-Amzn-SageMaker-Closed-Session-Id")
+        if closed:
+            self.send_header("X-Amzn-SageMaker-Closed-Session-Id", closed)
 
     def _send_error(self, rej: _Reject, request_id: str) -> None:
         body = json.dumps({"message": rej.message, **rej.extra}).encode()

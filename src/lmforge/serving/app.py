@@ -23,7 +23,7 @@ from lmforge.errors import (
     classify,
 )
 from lmforge.handlers.io import Input
-from lmforge.serving import adapters_api, asgi
+from lmforge.serving import adapters_api, asgi, sessions
 from lmforge.serving.state import Phase, ServerState
 
 if TYPE_CHECKING:
@@ -180,6 +180,12 @@ class App:
         except asgi.ClientDisconnected:
             return
         properties = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        session = sessions.answer(self.state.sessions, body, properties)
+        if session is not None:  # opened or closed: no model call
+            self.state.count(200)
+            text = session.text.encode()
+            await asgi.send_body(send, 200, text, "text/plain; charset=utf-8", session.headers)
+            return
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         properties.update(query)
         inputs = Input(properties=properties, content={"data": body}, route=scope["path"].rstrip("/"))

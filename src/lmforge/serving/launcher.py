@@ -108,10 +108,7 @@ def serve(
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
 
-    state = ServerState(
-        max_in_flight=config.max_rolling_batch_size + config.job_queue_size,
-        max_request_size=config.max_request_size,
-    )
+    state = ServerState.for_config(config)
     app = App(handler, state)
     bind_port = resolve_port(port)
     uv_config = uvicorn.Config(
