@@ -787,3 +787,26 @@ def test_stateful_sessions_open_serve_close_and_expire(tiny_model: Path) -> None
         assert ok.status_code == 200
 
     run(tiny_model, off)
+
+
+def test_sagemaker_custom_attributes_and_inference_id_come_back(tiny_model: Path) -> None:
+    """SageMaker hands the container's X-Amzn-SageMaker-Custom-Attributes back to the client: the
+    server echoes the request's (and its inference id), streamed or not; a query parameter of the
+    same name is not a header."""
+    sent = {"X-Amzn-SageMaker-Custom-Attributes": "trace=abc", "X-Amzn-SageMaker-Inference-Id": "req-42"}
+    body = {"inputs": "a", "parameters": {"max_new_tokens": 2}}
+
+    async def scenario(srv: Served) -> None:
+        for stream in (False, True):
+            resp = await srv.client.post("/invocations", json={**body, "stream": stream}, headers=sent)
+            assert resp.status_code == 200
+            assert resp.headers["x-amzn-sagemaker-custom-attributes"] == "trace=abc"
+            assert resp.headers["x-amzn-sagemaker-inference-id"] == "req-42"
+        plain = await srv.client.post(
+            "/invocations", json=body, params={"x-amzn-sagemaker-custom-attributes": "from-query"}
+        )
+        assert "x-amzn-sagemaker-custom-attributes" not in plain.headers
+        assert srv.engine.seen[-1].request_id != srv.engine.seen[-2].request_id
+        assert srv.engine.seen[-2].request_id.startswith("req-42-")  # the engine's id carries it
+
+    run(tiny_model, scenario)

@@ -36,6 +36,11 @@ INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
 MODELS_PATH = "/v1/models"
 
 
+#: request headers a SageMaker container hands back on its reply (unless the handler set its own):
+#: the custom attributes, and the inference id the request was logged under
+ECHOED_HEADERS = ("X-Amzn-SageMaker-Custom-Attributes", "X-Amzn-SageMaker-Inference-Id")
+
+
 class App:
     def __init__(self, handler: Handler, state: ServerState) -> None:
         self.handler = handler
@@ -186,6 +191,7 @@ class App:
             text = session.text.encode()
             await asgi.send_body(send, 200, text, "text/plain; charset=utf-8", session.headers)
             return
+        echo = {n: properties[n.lower()] for n in ECHOED_HEADERS if n.lower() in properties}  # headers only
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         properties.update(query)
         inputs = Input(properties=properties, content={"data": body}, route=scope["path"].rstrip("/"))
@@ -202,6 +208,8 @@ class App:
             raise err from None
         content_type = output.properties.get("Content-Type", "application/octet-stream")
         headers = {k: v for k, v in output.properties.items() if k.lower() != "content-type"}
+        present = {k.lower() for k in headers}
+        headers.update({k: v for k, v in echo.items() if k.lower() not in present})
         self.state.count(output.code)
         if output.stream is None:
             await asgi.send_body(send, output.code, output.body(), content_type, headers)
