@@ -45,6 +45,8 @@ EXTERNAL = (
     ),
     ("engines", "engines-smollm2-135m", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32, SmolLM2-135M"),
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
+    ("sessions", "sessions-lmi-dist", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (LMI-Dist)"),
+    ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 
@@ -381,7 +383,12 @@ batch x bandwidth / (weight bytes + batch x mean context x KV bytes per token). 
 # ---------------------------------------------------------------------------------- page
 
 
-LABELS = {"lora": "LoRA adapters", "frontend_overhead": "Frontend overhead", "engines": "Engines"}
+LABELS = {
+    "lora": "LoRA adapters",
+    "frontend_overhead": "Frontend overhead",
+    "engines": "Engines",
+    "sessions": "Sticky sessions",
+}
 
 
 def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]]:
@@ -590,6 +597,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/lora.py
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
 .venv/bin/python bench/engines.py            # needs vLLM
+.venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
 make bench-real                              # engines, frontend overhead, batching on SmolLM2-135M
 python bench/gpu_smoke.py bench/results/lmi-dist-gpu-smoke.json  # on a GPU machine
 python bench/gpu_roofline.py                 # on a GPU machine
