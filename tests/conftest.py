@@ -105,6 +105,7 @@ _SHARED_GROUPS = {
     "tests/integration/test_vllm_lora.py": "vllm",
     "tests/integration/test_local_sagemaker.py": "local-sagemaker",
     "tests/integration/test_local_adapters.py": "local-sagemaker",
+    "tests/integration/test_local_instances.py": "local-sagemaker",
     "tests/integration/test_real_model.py": "smollm2",
     "tests/integration/test_smollm2_model.py": "smollm2",
 }

@@ -34,6 +34,7 @@ def test_the_build_was_cold_and_the_image_is_small_enough(cpu_image: BuiltImage)
     assert cpu_image.result.size_bytes < 1.5e9, f"{cpu_image.result.size_bytes / 1e9:.2f} GB"
     labels = cpu_image.labels
     assert labels["com.amazonaws.sagemaker.capabilities.accept-bind-to-port"] == "true"
+    assert labels["com.amazonaws.sagemaker.capabilities.bidirectional-streaming"] == "true"
     assert labels["dev.lmforge.flavour"] == "cpu"
 
 
@@ -96,6 +97,15 @@ def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: 
         reply = httpx.post(run.url + "/invocations", json=chat, timeout=60).json()
         assert isinstance(json.loads(reply["choices"][0]["message"]["content"])["ok"], bool), reply
         assert run.exec(["/opt/lmforge/bin/python", "-c", "import triton"]).returncode != 0
+        # bidirectional streaming: the image's server speaks WebSocket (the label says it does)
+        from websockets.sync.client import connect
+
+        with connect(run.url.replace("http://", "ws://") + "/invocations-bidirectional-stream") as ws:
+            ws.send(json.dumps(body))
+            frames = []
+            while (frame := ws.recv(timeout=60)) != "[DONE]":
+                frames.append(json.loads(frame))
+        assert "".join(f["token"]["text"] for f in frames) == lines[-1]["generated_text"]
 
 
 def test_sigterm_drains_and_exits_zero_within_30_s(cpu_image: BuiltImage, tiny_model: Path) -> None:

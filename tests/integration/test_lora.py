@@ -92,6 +92,8 @@ def generate(srv: RemoteServer, prompt: str, how: str, name: str | None, stream:
             body["adapters"] = name
         elif how == "header":
             headers["X-Amzn-SageMaker-Adapter-Identifier"] = name
+        elif how == "alias":
+            headers["X-Amzn-SageMaker-Adapter-Alias"] = name
         else:
             params["adapter"] = name
     resp = httpx.post(srv.url + "/invocations", json=body, headers=headers, params=params, timeout=120)
@@ -150,6 +152,17 @@ def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftRe
     assert upd.status_code == 200, upd.text
     assert upd.json()["adapter"]["pin"] is True and upd.json()["adapter"]["alias"] == "al"
     assert generate(server, PROMPTS[1], "header", "tmp") == peft.greedy(PROMPTS[1], NEW, "a2")
+    # SageMaker's alias names the adapter too (when no identifier comes with it); an alias nothing
+    # carries is a name, and an unknown one is a 404 naming it
+    assert generate(server, PROMPTS[1], "alias", "al") == peft.greedy(PROMPTS[1], NEW, "a2")
+    assert generate(server, PROMPTS[1], "alias", "a1") == peft.greedy(PROMPTS[1], NEW, "a1")
+    nope = httpx.post(
+        server.url + "/invocations",
+        json={"inputs": "x"},
+        headers={"X-Amzn-SageMaker-Adapter-Alias": "nope"},
+        timeout=30,
+    )
+    assert nope.status_code == 404 and "'nope'" in nope.json()["message"]
     assert httpx.delete(server.url + "/adapters/tmp").status_code == 200
     gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "tmp"}, timeout=30)
     assert gone.status_code == 404 and "'tmp'" in gone.json()["message"]

@@ -263,3 +263,83 @@ def test_sigterm_drains_and_exits_zero(tiny_model: Path) -> None:
     assert code == 0, srv.logs()
     assert len(got) == 300
     assert json.loads(got[-1])["details"] is None
+
+
+# ---------------------------------------------------------------- bidirectional streaming (WebSocket)
+
+BIDI = "/invocations-bidirectional-stream"
+
+
+def _ws_url(srv: RemoteServer, path: str = BIDI) -> str:
+    return srv.url.replace("http://", "ws://") + path
+
+
+def _answer(ws: object) -> list[str]:
+    """The messages of one request's answer, up to its [DONE]."""
+    frames = []
+    while (frame := ws.recv(timeout=120)) != "[DONE]":  # type: ignore[attr-defined]
+        frames.append(frame)
+    return frames
+
+
+def test_bidirectional_stream_with_a_websocket_client(server: RemoteServer) -> None:
+    """SageMaker's WebSocket route, driven by the `websockets` client library: accepted within 250 ms,
+    pings answered, LMI and chat requests answered with the same objects the jsonlines stream carries
+    and [DONE], bad requests answered with the HTTP error body while the socket stays open."""
+    from websockets.sync.client import connect
+
+    handshakes = []
+    for _ in range(3):
+        t0 = time.monotonic()
+        with connect(_ws_url(server), open_timeout=5) as ws:
+            handshakes.append(time.monotonic() - t0)
+    assert min(handshakes) < 0.25, handshakes
+
+    lmi = {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 12, "details": True, "do_sample": False}}
+    expected = invoke(server, lmi).json()["generated_text"]
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+    chat_text = invoke(server, chat).json()["choices"][0]["message"]["content"]
+    with connect(_ws_url(server), open_timeout=5) as ws:
+        ws.ping().wait(5)  # the socket answers pings (SageMaker pings every 60 s)
+        # two requests sent back to back are answered in order
+        ws.send(json.dumps(lmi))
+        ws.send(json.dumps(chat).encode())  # a binary message is a request too
+        objs = [json.loads(f) for f in _answer(ws)]
+        assert len(objs) == 12 and all("token" in o for o in objs)
+        assert "".join(o["token"]["text"] for o in objs) == expected
+        assert objs[-1]["details"]["finish_reason"] == "length"
+        chunks = [json.loads(f) for f in _answer(ws)]
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == chat_text
+
+        for bad, param in (
+            ("{not json", "body"),
+            (json.dumps({"inputs": "x", "parameters": {"top_p": 7}}), "top_p"),
+        ):
+            ws.send(bad)
+            (error,) = (json.loads(f) for f in _answer(ws))
+            assert error["code"] == 400 and param in (error.get("param") or error["message"]), error
+        ws.send(json.dumps(lmi))  # still open and serving
+        assert "".join(json.loads(f)["token"]["text"] for f in _answer(ws)) == expected
+
+
+def test_bidirectional_stream_close_aborts_and_other_paths_are_refused(server: RemoteServer) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    before = metrics(server.url)
+    with connect(_ws_url(server), open_timeout=5) as ws:
+        ws.send(json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 1000, "ignore_eos_token": True}}))
+        ws.recv(timeout=60)  # generating
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        now = metrics(server.url)
+        if now["lmforge_engine_running"] == 0 and now["lmforge_in_flight_requests"] == 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"closing the socket did not abort the request: {now}")
+    assert now["lmforge_engine_tokens_total"] - before["lmforge_engine_tokens_total"] < 900
+    with pytest.raises(InvalidStatus) as refused:
+        connect(_ws_url(server, "/invocations"), open_timeout=5)
+    assert refused.value.response.status_code == 403

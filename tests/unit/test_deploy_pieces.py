@@ -207,3 +207,29 @@ def test_invoke_payloads() -> None:
         _payload(None, "{nope", None, None, False, False)
     with pytest.raises(click.UsageError, match="PROMPT"):
         _payload(None, None, None, None, False, False)
+
+
+def test_autoscale_ranges_are_checked_before_anything_is_sent() -> None:
+    from click.testing import CliRunner
+
+    from lmforge.cli import main
+    from lmforge.deploy.autoscaling import Autoscale, parse_range
+
+    assert parse_range("1:4") == (1, 4)
+    for bad in ("4", "a:b", "1-4", ":3"):
+        with pytest.raises(ValueError, match="MIN:MAX"):
+            parse_range(bad)
+    with pytest.raises(ValueError, match="scale to zero is for inference components"):
+        Autoscale(0, 2)
+    with pytest.raises(ValueError, match="below the minimum"):
+        Autoscale(3, 2)
+    runner = CliRunner()
+    base = ["deploy", ".", "--endpoint-name", "e", "--instance-type", "ml.g5.xlarge"]
+    for extra, needle in (
+        (["--autoscale", "0:2"], "scale to zero"),
+        (["--autoscale", "2:4"], "--instance-count 1 is outside 2:4"),
+        (["--autoscale", "1:4", "--no-wait"], "drop --no-wait"),
+        (["--routing-strategy", "ROUND_ROBIN"], "LEAST_OUTSTANDING_REQUESTS"),
+    ):
+        result = runner.invoke(main, base + extra)
+        assert result.exit_code == 2 and needle in result.output, (extra, result.output)

@@ -810,3 +810,52 @@ def test_sagemaker_custom_attributes_and_inference_id_come_back(tiny_model: Path
         assert srv.engine.seen[-2].request_id.startswith("req-42-")  # the engine's id carries it
 
     run(tiny_model, scenario)
+
+
+def test_query_parameters_are_not_headers(tiny_model: Path) -> None:
+    """Headers and query parameters are separate namespaces: ``?content-type=`` or ``?accept=`` never
+    change how the body is parsed or answered; a model.py finds the query in ``get_query`` and in its
+    content (as DJL Serving puts it), the headers in its properties."""
+    body = {"inputs": "a", "parameters": {"max_new_tokens": 2}}
+
+    async def scenario(srv: Served) -> None:
+        resp = await srv.client.post(
+            "/invocations",
+            json=body,
+            params={"content-type": "text/plain", "accept": "text/event-stream", "stream": "true"},
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"].startswith("application/json")
+        assert "generated_text" in resp.json()
+
+    run(tiny_model, scenario)
+
+    user = """
+from djl_python import Input, Output
+
+def handle(inputs: Input):
+    if inputs.is_empty():
+        return None
+    return Output().add_as_json({
+        "query": inputs.get_query("color"),
+        "content": inputs.get_as_string("color"),
+        "header": inputs.get_property("color"),
+        "data": inputs.get_as_json(),
+        "content_type": inputs.get_property("content-type"),
+    })
+"""
+
+    async def custom(srv: Served) -> None:
+        resp = await srv.client.post(
+            "/invocations?color=red&data=x&content-type=text/plain", json={"a": 1}, headers={"color": "blue"}
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {
+            "query": "red",
+            "content": "red",
+            "header": "blue",
+            "data": {"a": 1},
+            "content_type": "application/json",
+        }
+
+    run(tiny_model, custom, files={"model.py": user})

@@ -68,6 +68,10 @@ class AdapterRegistry:
     def find(self, name: str) -> LoraAdapter | None:
         return self._adapters.get(name)
 
+    def find_alias(self, alias: str) -> LoraAdapter | None:
+        """The adapter registered under SageMaker alias ``alias`` (the first by name, if several)."""
+        return next((a for a in self.all() if a.options.get("alias") == alias), None)
+
     def page(self, limit: int, token: int) -> tuple[list[LoraAdapter], int | None]:
         names = sorted(self._adapters)
         chunk = [self._adapters[n] for n in names[token : token + limit]]

@@ -44,6 +44,24 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
 )
 @click.option("--instance-type", required=True, help="For example ml.g5.2xlarge (see `lmforge plan`).")
 @click.option("--instance-count", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "--routing-strategy",
+    type=click.Choice(["RANDOM", "LEAST_OUTSTANDING_REQUESTS"]),
+    help="How SageMaker spreads requests over the instances [default: SageMaker's, RANDOM].",
+)
+@click.option(
+    "--autoscale",
+    metavar="MIN:MAX",
+    help="Register Application Auto Scaling on the variant: MIN to MAX instances, target tracking on "
+    "invocations per instance.",
+)
+@click.option(
+    "--autoscale-target",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="With --autoscale: invocations per instance per minute to keep.",
+)
 @click.option("--role", "role_arn", help="Execution role ARN [default: $LMFORGE_ROLE_ARN].")
 @click.option("--bucket", help="S3 bucket for the artifacts [default: sagemaker-REGION-ACCOUNT].")
 @click.option("--s3-prefix", default="lmforge", show_default=True, help="Key prefix inside the bucket.")
@@ -83,6 +101,9 @@ def deploy_command(
     endpoint_name: str,
     instance_type: str,
     instance_count: int,
+    routing_strategy: str | None,
+    autoscale: str | None,
+    autoscale_target: float,
     role_arn: str | None,
     bucket: str | None,
     s3_prefix: str,
@@ -103,6 +124,7 @@ def deploy_command(
     """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it."""
     from lmforge.aws.names import name_problem
     from lmforge.config import ConfigError, load_config
+    from lmforge.deploy import autoscaling
     from lmforge.deploy.endpoints import (
         DeployError,
         EndpointSpec,
@@ -116,6 +138,7 @@ def deploy_command(
     environment = _env_pairs(env_items)
     if problem := name_problem("endpointName", endpoint_name):
         raise click.BadParameter(problem, param_hint="--endpoint-name")
+    scaling = _autoscale(autoscale, autoscale_target, instance_count, no_wait)
     try:
         resolved = load_config(model_dir, env={})
     except ConfigError as exc:
@@ -140,7 +163,7 @@ def deploy_command(
         existing = describe_endpoint(sm, endpoint_name)
         if existing is not None and existing["EndpointStatus"] == "Failed" and replace:
             delete_endpoint(sm, endpoint_name, echo=_echo)
-        preflight(sm, endpoint_name)  # refuse before uploading anything
+        existing = preflight(sm, endpoint_name)  # refuse before uploading anything
         target = f"s3://{bucket or default_bucket(region)}/{s3_prefix.strip('/')}"
         upload = upload_model(model_dir, target, region, artifact_format, step="[3/5]")
         spec = EndpointSpec(
@@ -154,15 +177,42 @@ def deploy_command(
             health_check_timeout_s=health_timeout,
             download_timeout_s=download_timeout,
             volume_size_gb=volume_size,
+            routing_strategy=routing_strategy,
         )
         _echo(f"[4/5] image {spec.image_uri}")
         _echo("[5/5] deploying")
+        aas = autoscaling.client(region)
+        # SageMaker refuses to update a variant registered for autoscaling: off now, back on after
+        previous = autoscaling.suspend(aas, endpoint_name, spec.variant_name, _echo) if existing else None
         result = deploy_endpoint(sm, spec, wait=not no_wait, echo=_echo)
+        keep = scaling or previous
+        if result.status == "InService" and keep is not None:
+            autoscaling.register(aas, endpoint_name, spec.variant_name, keep, _echo)
     except DeployError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
         raise aws_error(exc) from None
     _report(result, no_wait)
+
+
+def _autoscale(text: str | None, target: float, instance_count: int, no_wait: bool) -> Any:
+    """``--autoscale MIN:MAX`` checked before anything is uploaded (None without it)."""
+    from lmforge.deploy import autoscaling
+
+    if text is None:
+        return None
+    if no_wait:
+        raise click.UsageError("--autoscale registers scaling once the endpoint is InService: drop --no-wait")
+    try:
+        low, high = autoscaling.parse_range(text)
+        scale = autoscaling.Autoscale(low, high, target)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--autoscale") from None
+    if not low <= instance_count <= high:
+        raise click.BadParameter(
+            f"--instance-count {instance_count} is outside {low}:{high}", param_hint="--autoscale"
+        )
+    return scale
 
 
 def _image(
@@ -318,12 +368,18 @@ def wait_command(endpoint_name: str, region: str | None) -> None:
 @click.option("--region")
 def delete_command(endpoint_name: str, keep_config: bool, region: str | None) -> None:
     """Delete ENDPOINT_NAME and, unless --keep-config, its endpoint configuration and models."""
-    from lmforge.deploy.endpoints import DeployError, delete_endpoint, sagemaker_client
+    from lmforge.deploy import autoscaling
+    from lmforge.deploy.endpoints import DeployError, delete_endpoint, describe_endpoint, sagemaker_client
 
+    region = region_or_fail(region)
     try:
-        delete_endpoint(
-            sagemaker_client(region_or_fail(region)), endpoint_name, keep_config=keep_config, echo=_echo
-        )
+        sm = sagemaker_client(region)
+        existing = describe_endpoint(sm, endpoint_name)
+        if existing is not None:  # a scalable target outliving its endpoint would keep calling it
+            aas = autoscaling.client(region)
+            for variant in existing.get("ProductionVariants", []):
+                autoscaling.suspend(aas, endpoint_name, variant["VariantName"], _echo)
+        delete_endpoint(sm, endpoint_name, keep_config=keep_config, echo=_echo)
     except DeployError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:

@@ -37,6 +37,8 @@ class EndpointSpec:
     volume_size_gb: int | None = None
     variant_name: str = "AllTraffic"
     tags: Mapping[str, str] = field(default_factory=dict)
+    routing_strategy: str | None = None
+    """``RANDOM`` or ``LEAST_OUTSTANDING_REQUESTS`` (None: SageMaker's default, random)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ def deploy_endpoint(
         variant["ModelDataDownloadTimeoutInSeconds"] = spec.download_timeout_s
     if spec.volume_size_gb:
         variant["VolumeSizeInGB"] = spec.volume_size_gb
+    if spec.routing_strategy:
+        variant["RoutingConfig"] = {"RoutingStrategy": spec.routing_strategy}
     echo(f"creating endpoint configuration {name} ({spec.instance_count} x {spec.instance_type})")
     sm.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[variant], Tags=tags)
     if existing is None:

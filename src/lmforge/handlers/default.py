@@ -28,6 +28,7 @@ log = logging.getLogger("lmforge.handlers")
 
 REQUEST_ID_HEADERS = ("x-amzn-sagemaker-inference-id", "x-request-id")
 ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
+ALIAS_HEADER = "x-amzn-sagemaker-adapter-alias"
 ADAPTER_QUERY = "adapter"
 OPENAI_ROUTES = (CHAT_ROUTE, COMPLETIONS_ROUTE)
 
@@ -69,13 +70,19 @@ class DefaultHandler:
         return names
 
     def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
-        """The adapter a request asks for: header (SageMaker), body (``adapters``) or ``?adapter=``."""
+        """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
+        (``adapters``) or ``?adapter=``."""
+        identifier = inputs.get_property(ADAPTER_HEADER)
+        alias = inputs.get_property(ALIAS_HEADER)
+        if not identifier and alias:
+            found = self.adapters.find_alias(alias) if self.adapters is not None else None
+            identifier = found.name if found is not None else alias
         wanted = {
             source: value
             for source, value in (
-                ("the X-Amzn-SageMaker-Adapter-Identifier header", inputs.get_property(ADAPTER_HEADER)),
+                ("the X-Amzn-SageMaker-Adapter-Identifier or -Alias header", identifier),
                 ("adapters" if not req.openai else "model", req.adapter),
-                ("the adapter query parameter", inputs.get_property(ADAPTER_QUERY)),
+                ("the adapter query parameter", inputs.get_query(ADAPTER_QUERY)),
             )
             if value
         }

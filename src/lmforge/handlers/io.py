@@ -5,7 +5,10 @@ method names exist with the same meaning. ``from djl_python import Input, Output
 :mod:`lmforge.handlers.custom` registers these classes under that name when it loads a user handler.
 
 The model server builds one ``Input`` per HTTP request: properties are the request headers (names
-lower-cased) and the query parameters; content holds the body under the key ``data``.
+lower-cased); content holds the body under the key ``data`` and, as in DJL Serving, each query
+parameter under its own name (never ``data``). Headers and query parameters are separate namespaces:
+``?content-type=text/plain`` is a query parameter, and never changes how the body is parsed.
+``query`` (an lmforge addition) holds the query parameters as text.
 """
 
 from __future__ import annotations
@@ -21,12 +24,18 @@ class Input:
         properties: dict[str, str] | None = None,
         content: dict[str, bytes] | None = None,
         route: str = "/invocations",
+        query: dict[str, str] | None = None,
     ) -> None:
         self.properties: dict[str, str] = dict(properties or {})
         self.content: dict[str, bytes] = dict(content or {})
         self.route = route
         """The path the request came in on (``/invocations``, ``/v1/chat/completions``, ...); an
         lmforge addition to djl-python's Input."""
+        self.query: dict[str, str] = dict(query or {})
+        """The query parameters (an lmforge addition; also in ``content`` as DJL Serving has them)."""
+        for key, value in self.query.items():
+            if key != "data":
+                self.content.setdefault(key, value.encode("utf-8"))
 
     # --- properties
     def get_properties(self) -> dict[str, str]:
@@ -36,6 +45,10 @@ class Input:
         if key in self.properties:
             return self.properties[key]
         return self.properties.get(key.lower())
+
+    def get_query(self, key: str) -> str | None:
+        """A query parameter's value (never a header's)."""
+        return self.query.get(key)
 
     def contains_key(self, key: str) -> bool:
         return key in self.content

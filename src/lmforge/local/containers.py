@@ -144,6 +144,10 @@ class Container:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     stopping: bool = field(default=False)
+    outstanding: int = field(default=0, compare=False)
+    """Invocations the runtime has sent it that have not finished (``LEAST_OUTSTANDING_REQUESTS``)."""
+    invocations: int = field(default=0, compare=False)
+    """Invocations the runtime has sent it, in all."""
     mode = "process"
 
     @property

@@ -17,6 +17,10 @@ class EndpointHooks(Protocol):
 
     def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None: ...
 
+    def capacity_changing(self, backend: Any, endpoint: Any, desired: dict[str, dict[str, Any]]) -> None:
+        """``UpdateEndpointWeightsAndCapacities``: variant name -> its ``DesiredWeight`` and/or
+        ``DesiredInstanceCount``; the endpoint is ``Updating`` until the instances match."""
+
     def component_created(self, backend: Any, component: Any) -> None: ...
 
     def component_deleted(self, backend: Any, component: Any) -> None: ...

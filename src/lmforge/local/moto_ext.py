@@ -11,6 +11,9 @@ once in the local SageMaker process (nothing is copied from moto):
 - ``UpdateEndpoint`` (absent in moto): ``Updating`` while the new configuration's containers start,
   then ``InService`` on the new configuration, or back on the old one with a ``FailureReason``;
 - ``DeleteEndpoint`` stops the endpoint's containers;
+- ``RoutingConfig.RoutingStrategy`` is checked (``RANDOM`` or ``LEAST_OUTSTANDING_REQUESTS``) and the
+  runtime routes by it; ``UpdateEndpointWeightsAndCapacities`` (what Application Auto Scaling calls)
+  starts or stops instances: the endpoint is ``Updating`` until they serve (moto only rewrote counts);
 - inference components (absent in moto): see :mod:`lmforge.local.inference_components`;
 - wire fidelity: moto echoes empty ``VpcConfig``/``DataCaptureConfig`` objects that the real service
   omits (and that break strict clients); they are dropped from describe responses.
@@ -49,6 +52,7 @@ def check_compatible() -> None:
             "describe_model",
             "validate_production_variants",
             "create_endpoint_config",
+            "update_endpoint_weights_and_capacities",
             "create_model",
         ],
         responses.SageMakerResponse: ["describe_model", "describe_endpoint_config", "describe_endpoint"],
@@ -140,7 +144,42 @@ def install(hooks: EndpointHooks) -> None:
         _check_name(validation_error, "endpointConfigName", endpoint_config_name)
         for variant in production_variants or []:
             _check_name(validation_error, "productionVariants.member.variantName", variant.get("VariantName"))
+            _check_routing(validation_error, variant)
         return original_create_config(self, endpoint_config_name, production_variants, *a, **kw)
+
+    def update_endpoint_weights_and_capacities(
+        self: Any, endpoint_name: str, desired_weights_and_capacities: list[dict[str, Any]]
+    ) -> str:
+        endpoint = self.endpoints.get(endpoint_name)
+        if endpoint is None:
+            raise validation_error(f"Could not find endpoint '{endpoint_name}'.")
+        if endpoint.endpoint_status != "InService":
+            raise validation_error(
+                f'Cannot update in-progress endpoint "{endpoint.arn}" (status {endpoint.endpoint_status}).'
+            )
+        variants = {v["VariantName"]: v for v in endpoint.production_variants}
+        desired: dict[str, dict[str, Any]] = {}
+        for item in desired_weights_and_capacities or []:
+            name = str(item.get("VariantName"))
+            if name in desired:
+                raise validation_error(f'The variant name "{name}" was non-unique within the request.')
+            if name not in variants:
+                raise validation_error(
+                    f'The variant name(s) "{name}" is/are not present within endpoint configuration '
+                    f'"{endpoint.endpoint_config_name}".'
+                )
+            count = item.get("DesiredInstanceCount")
+            if count is not None and int(count) < 1:
+                raise validation_error(
+                    f"DesiredInstanceCount {count} for variant {name}: an endpoint's production variant "
+                    "keeps at least one instance (scale to zero is for inference components)"
+                )
+            desired[name] = {k: item[k] for k in ("DesiredWeight", "DesiredInstanceCount") if k in item}
+        for name, change in desired.items():
+            variants[name].update(change)
+        endpoint.endpoint_status = "Updating"
+        backend_cls._lmforge_hooks.capacity_changing(self, endpoint, desired)
+        return str(endpoint.arn)
 
     original_create_model = backend_cls.create_model
 
@@ -153,6 +192,7 @@ def install(hooks: EndpointHooks) -> None:
     backend_cls.create_endpoint = create_endpoint
     backend_cls.delete_endpoint = delete_endpoint
     backend_cls.update_endpoint = update_endpoint
+    backend_cls.update_endpoint_weights_and_capacities = update_endpoint_weights_and_capacities
 
     response_cls = responses.SageMakerResponse
     action_result = responses.ActionResult
@@ -175,6 +215,18 @@ def install(hooks: EndpointHooks) -> None:
             return _drop_empty(_original(self))
 
         setattr(response_cls, name, describe)
+
+
+def _check_routing(validation_error: type[Exception], variant: dict[str, Any]) -> None:
+    from lmforge.local.placements import ROUTING_STRATEGIES
+
+    strategy = (variant.get("RoutingConfig") or {}).get("RoutingStrategy")
+    if strategy is not None and strategy not in ROUTING_STRATEGIES:
+        raise validation_error(
+            f"1 validation error detected: Value '{strategy}' at "
+            "'productionVariants.1.member.routingConfig.routingStrategy' failed to satisfy constraint: "
+            f"Member must satisfy enum value set: [{', '.join(ROUTING_STRATEGIES)}]"
+        )
 
 
 def _check_name(validation_error: type[Exception], field: str, value: object) -> None:

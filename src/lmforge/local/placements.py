@@ -19,6 +19,12 @@ class RouteError(Exception):
     """An invocation that cannot be routed; the runtime answers it as a ValidationError."""
 
 
+#: SageMaker's routing strategies (``ProductionVariants[].RoutingConfig.RoutingStrategy``)
+RANDOM = "RANDOM"
+LEAST_OUTSTANDING_REQUESTS = "LEAST_OUTSTANDING_REQUESTS"
+ROUTING_STRATEGIES = (LEAST_OUTSTANDING_REQUESTS, RANDOM)
+
+
 @dataclass
 class Deployment:
     """The running containers behind one endpoint configuration."""
@@ -28,8 +34,14 @@ class Deployment:
     endpoint_name: str
     endpoint_arn: str
     config_name: str
-    containers: dict[str, Container]
+    containers: dict[str, list[Container]]
+    """Each production variant's instances (``InitialInstanceCount``, then its desired count)."""
     weights: dict[str, float] = field(default_factory=dict)
+    routing: dict[str, str] = field(default_factory=dict)
+    """Each variant's routing strategy (SageMaker's default: ``RANDOM``)."""
+
+    def instances(self) -> list[Container]:
+        return [c for group in self.containers.values() for c in group]
 
 
 @dataclass
@@ -66,6 +78,8 @@ class Route:
     port: int
     adapter: str | None = None
     """The adapter component's name: sent as ``X-Amzn-SageMaker-Adapter-Identifier``."""
+    instance: Container | None = field(default=None, compare=False)
+    """The instance chosen (the runtime counts its outstanding requests and its sessions)."""
 
 
 Key = tuple[str, str, str]
@@ -83,6 +97,10 @@ class Placements:
         self._adapters: dict[Key, AdapterPlacement] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._counting = threading.Lock()
+        """Guards the instances' ``outstanding`` counts (taken before ``_lock``, never after)."""
+        self._sessions: dict[tuple[str, str, str, str], Container] = {}
+        """(account, region, endpoint, session id) -> the instance that opened the session."""
 
     def _run(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=f"lmforge-{name}", daemon=True)

@@ -5,7 +5,8 @@ has the Model's image (or its stand-in, :mod:`.runners`) ready, fetches the mode
 (:mod:`.model_data`) into a fresh folder, starts the instance (:mod:`.containers`) with the
 model's ``Environment`` and polls ``/ping`` until ``ContainerStartupHealthCheckTimeoutInSeconds``.
 The endpoint then goes ``InService``, or ``Failed`` with a ``FailureReason`` that quotes the
-container's log. One container stands for a variant whatever its instance count.
+container's log. A variant runs ``InitialInstanceCount`` instances (one container each), which
+``UpdateEndpointWeightsAndCapacities`` (what Application Auto Scaling calls) grows or shrinks.
 
 The rest lives beside it: routing invocations (:mod:`.routing`), restarting instances that die
 (:mod:`.supervision`), adapter inference components (:mod:`.adapter_components`), the shared
@@ -34,9 +35,10 @@ from lmforge.local.adapter_components import (
 )
 from lmforge.local.containers import Container, ImageContainer, free_port, new_folder, reap_orphans
 from lmforge.local.model_data import ModelDataError, fetch_model_data, s3_client
-from lmforge.local.placements import Deployment, Placement, ProvisionError, Route, RouteError
+from lmforge.local.placements import RANDOM, Deployment, Placement, ProvisionError, Route, RouteError
 from lmforge.local.routing import Router
 from lmforge.local.runners import ImageUnavailable, InstanceRunner
+from lmforge.local.scaling import Scaling
 from lmforge.local.supervision import Supervision
 
 log = logging.getLogger("lmforge.local")
@@ -44,9 +46,9 @@ log = logging.getLogger("lmforge.local")
 __all__ = ["ProvisionError", "Provisioner", "Route", "RouteError"]
 
 
-class Provisioner(Router, AdapterComponents, Supervision):
+class Provisioner(Router, AdapterComponents, Supervision, Scaling):
     """Implements :class:`lmforge.local.hooks.EndpointHooks` (the control plane's calls); routing,
-    supervision and adapter components come from the classes it is made of."""
+    supervision, scaling and adapter components come from the classes it is made of."""
 
     def __init__(
         self,
@@ -88,7 +90,7 @@ class Provisioner(Router, AdapterComponents, Supervision):
         with self._lock:
             deployment = self._deployments.pop((backend.account_id, backend.region_name, endpoint_name), None)
         if deployment is not None:
-            self._stop_later(list(deployment.containers.values()))
+            self._stop_later(deployment.instances())
         store = components(backend)
         on_endpoint = [c for c in store.values() if c.endpoint_name == endpoint_name]
         for component in sorted(on_endpoint, key=lambda c: c.base_name is None):  # adapters first
@@ -117,7 +119,7 @@ class Provisioner(Router, AdapterComponents, Supervision):
         """Stop every container and wait for all provisioning and stopping to finish."""
         self._stopping.set()
         with self._lock:
-            containers = [c for d in self._deployments.values() for c in d.containers.values()]
+            containers = [c for d in self._deployments.values() for c in d.instances()]
             containers += [p.container for p in self._components.values()]
             self._deployments.clear()
             self._components.clear()
@@ -133,7 +135,7 @@ class Provisioner(Router, AdapterComponents, Supervision):
     # ----- provisioning
     def _provision(self, backend: Any, endpoint: Any, config_name: str, update: bool) -> None:
         name = endpoint.endpoint_name
-        started: dict[str, Container] = {}
+        started: dict[str, list[Container]] = {}
         try:
             variants = backend.describe_endpoint_config(config_name)["ProductionVariants"]
             errors: list[str] = []
@@ -153,7 +155,7 @@ class Provisioner(Router, AdapterComponents, Supervision):
         except Exception as exc:  # every failure becomes the endpoint's FailureReason
             reason = str(exc) if isinstance(exc, ProvisionError) else f"{type(exc).__name__}: {exc}"
             log.warning("endpoint %s failed: %s", name, reason)
-            self._stop_later(list(started.values()))
+            self._stop_later([c for group in started.values() for c in group])
             if backend.endpoints.get(name) is endpoint:
                 endpoint.failure_reason = reason[:FAILURE_REASON_MAX]
                 endpoint.endpoint_status = "InService" if update else "Failed"
@@ -166,6 +168,10 @@ class Provisioner(Router, AdapterComponents, Supervision):
             config_name=config_name,
             containers=started,
             weights={v["VariantName"]: float(v.get("InitialVariantWeight", 1.0)) for v in variants},
+            routing={
+                v["VariantName"]: (v.get("RoutingConfig") or {}).get("RoutingStrategy") or RANDOM
+                for v in variants
+            },
         )
         key = (backend.account_id, backend.region_name, name)
         with self._lock:  # atomic with endpoint_deleted's pop: a deleted endpoint is never registered
@@ -174,40 +180,60 @@ class Provisioner(Router, AdapterComponents, Supervision):
             if current:
                 self._deployments[key] = deployment
         if not current:
-            self._stop_later(list(started.values()))
+            self._stop_later(deployment.instances())
             return
         if update:
             moto_ext.finish_update(endpoint, backend, config_name)
         endpoint.failure_reason = None
         endpoint.endpoint_status = "InService"
         log.info(
-            "endpoint %s is InService (%s)", name, ", ".join(f"{v}:{c.port}" for v, c in started.items())
+            "endpoint %s is InService (%s)",
+            name,
+            ", ".join(f"{v}:{c.port}" for v, group in started.items() for c in group),
         )
         if old is not None:
-            self._stop_later(list(old.containers.values()))
+            self._stop_later(old.instances())
 
     def _start_variant(
         self,
         backend: Any,
         endpoint_name: str,
         variant: dict[str, Any],
-        started: dict[str, Container],
+        started: dict[str, list[Container]],
         errors: list[str],
+        count: int | None = None,
     ) -> None:
+        """Start ``count`` (default: the variant's ``InitialInstanceCount``) instances of ``variant``
+        at once into ``started[variant name]``; each failure is appended to ``errors``."""
         label = variant["VariantName"]
+        group = started.setdefault(label, [])
         try:
             spec = self._model_container(backend, variant["ModelName"])
-            started[label] = self._launch(
-                endpoint_name,
-                label,
-                spec,
-                variant,
-                memory_gib=_instance_memory_gib(variant.get("InstanceType")),
-            )
-        except ProvisionError as exc:
-            errors.append(str(exc))
         except Exception as exc:
-            errors.append(f"production variant {label}: {type(exc).__name__}: {exc}")
+            errors.append(f"production variant {label}: {exc}")
+            return
+
+        def one() -> None:
+            try:
+                container = self._launch(
+                    endpoint_name,
+                    label,
+                    spec,
+                    variant,
+                    memory_gib=_instance_memory_gib(variant.get("InstanceType")),
+                )
+                group.append(container)
+            except ProvisionError as exc:
+                errors.append(str(exc))
+            except Exception as exc:
+                errors.append(f"production variant {label}: {type(exc).__name__}: {exc}")
+
+        wanted = count if count is not None else max(1, int(variant.get("InitialInstanceCount") or 1))
+        threads = [threading.Thread(target=one) for _ in range(wanted)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     def _provision_component(self, backend: Any, component: Any) -> None:
         from lmforge.local.inference_components import components

@@ -1,12 +1,24 @@
 """Routing an invocation to the container that serves it: a production variant (by
 ``TargetVariant`` or by weight among live ones), an inference component, or an adapter component
-(its base component's container, with the adapter named in a header)."""
+(its base component's container, with the adapter named in a header).
+
+Within a variant, one of its instances: the one holding the request's sticky session, else as the
+variant's ``RoutingConfig.RoutingStrategy`` says: ``RANDOM`` (SageMaker's default) or
+``LEAST_OUTSTANDING_REQUESTS`` (the instance with the fewest invocations in flight, ties broken at
+random). The router counts each instance's outstanding and total invocations; the runtime reports
+when one ends (:meth:`Router.finished`).
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
-from lmforge.local.placements import Placements, Route, RouteError
+from lmforge.local.containers import Container
+from lmforge.local.placements import LEAST_OUTSTANDING_REQUESTS, RANDOM, Placements, Route, RouteError
+
+#: the sticky sessions the router remembers (the oldest are forgotten first)
+MAX_SESSIONS = 100_000
 
 
 class Router(Placements):
@@ -16,8 +28,70 @@ class Router(Placements):
         endpoint_name: str,
         target_variant: str | None = None,
         component: str | None = None,
+        session_id: str | None = None,
     ) -> Route:
-        """The container for an invocation, or RouteError saying why there is none."""
+        """The container for an invocation, or RouteError saying why there is none. The chosen
+        instance counts the invocation as outstanding until :meth:`finished`."""
+        with self._counting:  # choosing and counting at once: two requests never see the same count
+            route = self._route(region, endpoint_name, target_variant, component, session_id)
+            if route.instance is not None:
+                route.instance.outstanding += 1
+                route.instance.invocations += 1
+        return route
+
+    def instances_report(self) -> list[dict[str, object]]:
+        """Every endpoint instance with its routing counts (the runtime's ``GET /lmforge/instances``)."""
+        with self._lock:
+            deployments = list(self._deployments.values())
+            sticky: dict[int, int] = {}
+            for instance in self._sessions.values():
+                sticky[id(instance)] = sticky.get(id(instance), 0) + 1
+        return [
+            {
+                "endpoint": d.endpoint_name,
+                "region": d.region,
+                "variant": variant,
+                "instance": i,
+                "port": c.port,
+                "alive": c.alive,
+                "routing_strategy": d.routing.get(variant, RANDOM),
+                "outstanding": c.outstanding,
+                "invocations": c.invocations,
+                "sessions": sticky.get(id(c), 0),
+                "restarts": c.restarts,
+            }
+            for d in deployments
+            for variant, group in sorted(d.containers.items())
+            for i, c in enumerate(group)
+        ]
+
+    def finished(self, route: Route) -> None:
+        """An invocation sent along ``route`` has ended (answered, failed or abandoned)."""
+        if route.instance is not None:
+            with self._counting:
+                route.instance.outstanding = max(0, route.instance.outstanding - 1)
+
+    def session_opened(self, route: Route, session_id: str) -> None:
+        """The instance behind ``route`` opened sticky session ``session_id``: route it there."""
+        if route.instance is None:
+            return
+        with self._lock:
+            self._sessions[(route.account, route.region, route.endpoint_name, session_id)] = route.instance
+            while len(self._sessions) > MAX_SESSIONS:
+                del self._sessions[next(iter(self._sessions))]
+
+    def session_closed(self, route: Route, session_id: str) -> None:
+        with self._lock:
+            self._sessions.pop((route.account, route.region, route.endpoint_name, session_id), None)
+
+    def _route(
+        self,
+        region: str | None,
+        endpoint_name: str,
+        target_variant: str | None,
+        component: str | None,
+        session_id: str | None,
+    ) -> Route:
         with self._lock:
             found = [
                 d
@@ -54,6 +128,7 @@ class Router(Placements):
                 placement.variant,
                 base.container.port,
                 adapter=component,
+                instance=base.container,
             )
         if component is not None:
             if not placed or placed[0].endpoint_name != endpoint_name:
@@ -68,6 +143,7 @@ class Router(Placements):
                 deployment.endpoint_arn,
                 p.variant,
                 p.container.port,
+                instance=p.container,
             )
         if not deployment.containers:
             raise RouteError(
@@ -75,25 +151,48 @@ class Router(Placements):
                 "inference components. Please include Inference Component Name header or consider using "
                 "SageMaker models."
             )
-        if target_variant is not None:
-            if target_variant not in deployment.containers:
-                raise RouteError(f"Endpoint {endpoint_name} has no production variant {target_variant!r}.")
-            variant = target_variant
+        if target_variant is not None and target_variant not in deployment.containers:
+            raise RouteError(f"Endpoint {endpoint_name} has no production variant {target_variant!r}.")
+        sticky = self._session_instance(deployment.account, deployment.region, endpoint_name, session_id)
+        if sticky is not None and target_variant in (None, sticky[0]):
+            variant, instance = sticky
         else:
-            live = sorted(v for v, c in deployment.containers.items() if c.alive)
-            if live:
-                weights = [deployment.weights.get(n, 1.0) for n in live]
-                variant = random.choices(live, weights=weights if sum(weights) > 0 else None)[0]
-            else:  # being restarted: the runtime reports it as a model error
-                variant = sorted(deployment.containers)[0]
+            if target_variant is not None:
+                variant = target_variant
+            else:
+                live = sorted(v for v, group in deployment.containers.items() if any(c.alive for c in group))
+                if live:
+                    weights = [deployment.weights.get(n, 1.0) for n in live]
+                    variant = random.choices(live, weights=weights if sum(weights) > 0 else None)[0]
+                else:  # being restarted: the runtime reports it as a model error
+                    variant = sorted(deployment.containers)[0]
+            instance = _pick(deployment.containers[variant], deployment.routing.get(variant, RANDOM))
         return Route(
             deployment.account,
             deployment.region,
             endpoint_name,
             deployment.endpoint_arn,
             variant,
-            deployment.containers[variant].port,
+            instance.port,
+            instance=instance,
         )
+
+    def _session_instance(
+        self, account: str, region: str, endpoint_name: str, session_id: str | None
+    ) -> tuple[str, Container] | None:
+        """The (variant, instance) holding a sticky session, while that instance is registered."""
+        if not session_id:
+            return None
+        with self._lock:
+            instance = self._sessions.get((account, region, endpoint_name, session_id))
+            deployment = self._deployments.get((account, region, endpoint_name))
+            if instance is None or deployment is None:
+                return None
+            for variant, group in deployment.containers.items():
+                if any(c is instance for c in group):
+                    return variant, instance
+            del self._sessions[(account, region, endpoint_name, session_id)]  # its instance is gone
+        return None
 
     def _known(self, region: str | None, endpoint_name: str) -> bool:
         from moto.sagemaker.models import sagemaker_backends
@@ -105,3 +204,13 @@ class Router(Placements):
                 if endpoint_name in sagemaker_backends[account][reg].endpoints:
                     return True
         return False
+
+
+def _pick(group: Sequence[Container], strategy: str) -> Container:
+    """One instance of a variant: among the live ones (all of them while none is), at random or the
+    least busy."""
+    live = [c for c in group if c.alive] or list(group)
+    if strategy == LEAST_OUTSTANDING_REQUESTS:
+        fewest = min(c.outstanding for c in live)
+        live = [c for c in live if c.outstanding == fewest]
+    return random.choice(live)

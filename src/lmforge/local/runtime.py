@@ -40,6 +40,9 @@ MAX_BODY = 6 * 1024 * 1024  # 6 MiB, the botocore model's limit for Body (not en
 _PATH_RE = re.compile(r"^/endpoints/([^/]+)/(invocations|invocations-response-stream)$")
 _REGION_RE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/")
 _CHUNK = 64 * 1024
+#: not an AWS operation: lmforge's view of each endpoint instance (port, outstanding and total
+#: invocations, sticky sessions), for load tests and ``lmforge local status``
+INSTANCES_PATH = "/lmforge/instances"
 
 # Request headers SageMaker passes to the container (everything else is dropped).
 _FORWARDED = (
@@ -49,6 +52,7 @@ _FORWARDED = (
     "X-Amzn-SageMaker-Session-Id",
     "X-Amzn-SageMaker-Target-Model",
     "X-Amzn-SageMaker-Adapter-Identifier",
+    "X-Amzn-SageMaker-Adapter-Alias",
     "X-Amzn-SageMaker-Inference-Component",
 )
 
@@ -98,6 +102,9 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
     # ----- entry points
+    def _not_found(self) -> None:
+        self._send_error(_Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
+
     def do_POST(self) -> None:
         request_id = str(uuid.uuid4())
         try:
@@ -109,17 +116,28 @@ class _Handler(BaseHTTPRequestHandler):
             if problem := name_problem("endpointName", name):
                 raise _Reject(400, "ValidationError", problem)
             route = self._route(name)
-            if operation == "invocations":
-                self._invoke(route, body, request_id)
-            else:
-                self._invoke_stream(route, body, request_id)
+            try:
+                if operation == "invocations":
+                    self._invoke(route, body, request_id)
+                else:
+                    self._invoke_stream(route, body, request_id)
+            finally:
+                self.server.provisioner.finished(route)
         except _Reject as rej:
             self._send_error(rej, request_id)
 
     def do_GET(self) -> None:
-        self._send_error(_Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
+        if urlsplit(self.path).path == INSTANCES_PATH:  # lmforge's own: where each endpoint's requests went
+            data = json.dumps({"instances": self.server.provisioner.instances_report()}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self._not_found()
 
-    do_PUT = do_DELETE = do_PATCH = do_GET
+    do_PUT = do_DELETE = do_PATCH = _not_found
 
     def do_HEAD(self) -> None:
         self.send_response(404)
@@ -156,6 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
                 name,
                 self.headers.get("X-Amzn-SageMaker-Target-Variant"),
                 self.headers.get("X-Amzn-SageMaker-Inference-Component"),
+                self.headers.get("X-Amzn-SageMaker-Session-Id"),
             )
         except RouteError as exc:
             raise _Reject(400, "ValidationError", str(exc)) from None
@@ -300,9 +319,12 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if opened:
             self.send_header("X-Amzn-SageMaker-New-Session-Id", opened)
+            # the session's requests go to the instance that opened it
+            self.server.provisioner.session_opened(route, opened.split(";")[0].strip())
         closed = response.getheader("X-Amzn-SageMaker-Closed-Session-Id")
         if closed:
             self.send_header("X-Amzn-SageMaker-Closed-Session-Id", closed)
+            self.server.provisioner.session_closed(route, closed.strip())
 
     def _send_error(self, rej: _Reject, request_id: str) -> None:
         body = json.dumps({"message": rej.message, **rej.extra}).encode()

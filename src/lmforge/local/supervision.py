@@ -27,7 +27,7 @@ class Supervision(Placements):
         """Restart containers that die while registered (with backoff), as SageMaker replaces instances."""
         while not self._stopping.wait(WATCH_EVERY_S):
             with self._lock:
-                registered = [c for d in self._deployments.values() for c in d.containers.values()]
+                registered = [c for d in self._deployments.values() for c in d.instances()]
                 registered += [p.container for p in self._components.values()]
             now = time.monotonic()
             for container in registered:

@@ -1,5 +1,6 @@
 """The ASGI application: ``GET /ping``, ``POST /invocations`` (+ OpenAI's ``/v1/chat/completions``,
-``/v1/completions``, ``GET /v1/models``), the adapters API, ``GET /metrics``.
+``/v1/completions``, ``GET /v1/models``), the adapters API, ``GET /metrics``, and the WebSocket
+``/invocations-bidirectional-stream`` (:mod:`lmforge.serving.bidi`).
 
 Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
 :data:`lmforge.errors.ERROR_TABLE`; unexpected exceptions are logged with their traceback here and
@@ -23,7 +24,7 @@ from lmforge.errors import (
     classify,
 )
 from lmforge.handlers.io import Input
-from lmforge.serving import adapters_api, asgi, sessions
+from lmforge.serving import adapters_api, asgi, bidi, sessions
 from lmforge.serving.state import Phase, ServerState
 
 if TYPE_CHECKING:
@@ -116,6 +117,12 @@ class App:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
+        if scope["type"] == "websocket":
+            if scope["path"].rstrip("/") == bidi.BIDI_PATH:
+                await bidi.serve(self, scope, receive, send)
+            else:  # refused in the handshake (the client sees 403)
+                await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] != "http":
             return
         path = scope["path"].rstrip("/") or "/"
@@ -160,7 +167,7 @@ class App:
 
     # ------------------------------------------------------------------ invocations
 
-    def _admit(self) -> None:
+    def admit(self) -> None:
         state = self.state
         if state.phase != Phase.READY:
             raise NotReadyError(f"not ready: {state.detail}", retry_after=RETRY_AFTER_S)
@@ -172,7 +179,7 @@ class App:
             )
 
     async def _invoke(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        self._admit()
+        self.admit()
         self.state.in_flight += 1
         try:
             await self._invoke_admitted(scope, receive, send)
@@ -191,10 +198,11 @@ class App:
             text = session.text.encode()
             await asgi.send_body(send, 200, text, "text/plain; charset=utf-8", session.headers)
             return
-        echo = {n: properties[n.lower()] for n in ECHOED_HEADERS if n.lower() in properties}  # headers only
+        echo = {n: properties[n.lower()] for n in ECHOED_HEADERS if n.lower() in properties}
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        properties.update(query)
-        inputs = Input(properties=properties, content={"data": body}, route=scope["path"].rstrip("/"))
+        inputs = Input(
+            properties=properties, content={"data": body}, route=scope["path"].rstrip("/"), query=query
+        )
         try:
             output = await asgi.run_unless_disconnected(receive, self.handler.handle(inputs))
         except asgi.ClientDisconnected:

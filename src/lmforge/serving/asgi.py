@@ -108,7 +108,7 @@ async def run_unless_disconnected(receive: Receive, work: Awaitable[Any]) -> Any
     return task.result()
 
 
-async def _from_sync(stream: Iterable[Any]) -> AsyncGenerator[Any, None]:
+async def from_sync(stream: Iterable[Any]) -> AsyncGenerator[Any, None]:
     """A synchronous iterable (a user handler's generator), each item fetched in a worker thread."""
     iterator = iter(stream)
     sentinel = object()
@@ -132,7 +132,7 @@ async def stream_response(
     A client disconnect cancels the producer and closes ``stream`` (``aclose``), which aborts the
     engine request behind it. Returns False when the client went away.
     """
-    source: AsyncIterator[Any] = aiter(stream) if isinstance(stream, AsyncIterable) else _from_sync(stream)
+    source: AsyncIterator[Any] = aiter(stream) if isinstance(stream, AsyncIterable) else from_sync(stream)
     disconnected = False
 
     async def pump() -> None:

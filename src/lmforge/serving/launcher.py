@@ -121,6 +121,7 @@ def serve(
         timeout_graceful_shutdown=config.shutdown_timeout,
         timeout_keep_alive=75,
         h11_max_incomplete_event_size=4 * 2**20,
+        ws_max_size=state.max_request_size,  # a bigger WebSocket message closes the socket (1009)
     )
     server = make_server(uv_config, state)
     exit_code = {"code": 0}
