@@ -72,6 +72,7 @@ bench: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/cold_start.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/lora.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/routing.py
 	@# both compare against vLLM's own engine / server: only where vLLM is installed
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py && \

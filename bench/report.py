@@ -47,6 +47,7 @@ EXTERNAL = (
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
     ("sessions", "sessions-lmi-dist", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (LMI-Dist)"),
     ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
+    ("routing", "routing", 1.0, "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 
@@ -388,6 +389,7 @@ LABELS = {
     "frontend_overhead": "Frontend overhead",
     "engines": "Engines",
     "sessions": "Sticky sessions",
+    "routing": "Routing",
 }
 
 
@@ -598,6 +600,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
 .venv/bin/python bench/engines.py            # needs vLLM
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
+.venv/bin/python bench/routing.py            # 2 instances on the local SageMaker: RANDOM vs least outstanding
 make bench-real                              # engines, frontend overhead, batching on SmolLM2-135M
 python bench/gpu_smoke.py bench/results/lmi-dist-gpu-smoke.json  # on a GPU machine
 python bench/gpu_roofline.py                 # on a GPU machine
