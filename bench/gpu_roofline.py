@@ -10,10 +10,17 @@ take less than ``bytes_per_step / BW``, so
 where ``context_tokens`` is the average context over the decode (prompt + half the new tokens).
 Measured: ``batch`` concurrent requests (``PROMPT`` prompt tokens, ``NEW`` new tokens, EOS ignored)
 driven straight into ``LmiDistEngine``; decode tokens/s = tokens after each request's first / the
-time from the last first token to the last token. The model is a random-weight Llama with
-TinyLlama-1.1B's shape in bf16 (the example model's tokenizer), built on the GPU.
+time from the last first token to the last token. The model is a random-weight Llama in bf16 (the
+example model's tokenizer), built on the GPU, with the shape of SmolLM2-135M (``--shape
+smollm2-135m``, the default: the real example model's architecture; the weights' values do not change
+the bytes a step reads) or TinyLlama-1.1B (``--shape tinyllama-1.1b``).
 
-Usage (GPU machine): python bench/gpu_roofline.py [--out bench/results/gpu-roofline.json]
+``--profile DIR`` also runs a few decode steps at batch 1 and 32 under the PyTorch profiler and
+writes, per batch, the operators by host time and by device time, and the device-busy share of the
+wall time (how much of a step the GPU spends computing, the rest being host work it waits for).
+
+Usage (GPU machine): python bench/gpu_roofline.py [--shape S] [--out bench/results/gpu-roofline.json]
+[--profile DIR]
 Without a CUDA GPU it says so and exits without measuring or writing anything.
 """
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -34,13 +42,22 @@ NAME = "gpu-roofline"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PROMPT = 128
 NEW = 128
-#: TinyLlama-1.1B's shape (vocabulary from the example model's tokenizer)
-MODEL_SHAPE = {
-    "hidden_size": 2048,
-    "intermediate_size": 5632,
-    "num_hidden_layers": 22,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
+#: model shapes (vocabulary from the example model's tokenizer unless given)
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+    },
+    "tinyllama-1.1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+    },
 }
 DTYPE_BYTES = 2  # bf16
 
@@ -100,24 +117,44 @@ def copy_bandwidth(torch: Any, size_bytes: int = 2**30, repeats: int = 20) -> fl
     return 2 * size_bytes / best
 
 
-def build_model(folder: Path) -> dict[str, Any]:
+def shape_source(folder: Path, shape: str, config_from: Path | None) -> None:
+    """Put the shape's config and tokenizer in ``folder``: SmolLM2-135M's own (from ``config_from``, a
+    folder holding its config.json and tokenizer, else the real example model), or the tiny example
+    model's tokenizer for the other shapes."""
+    if shape != "smollm2-135m":
+        from lmforge.models.example import write_example_model
+
+        write_example_model(folder)
+        return
+    if config_from is None:
+        from lmforge.models.smollm2 import write_smollm2_model
+
+        config_from = folder.parent / "smollm2"
+        write_smollm2_model(config_from)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (config_from / name).exists():
+            shutil.copy(config_from / name, folder / name)
+
+
+def build_model(folder: Path, shape: str, config_from: Path | None) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmforge.models.example import write_example_model
-
-    write_example_model(folder)
+    shape_source(folder, shape, config_from)
     cfg = LlamaConfig.from_pretrained(folder)
-    for key, value in MODEL_SHAPE.items():
+    for key, value in SHAPES[shape].items():
         setattr(cfg, key, value)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(folder)
-    # every weight is read once per step, except the input embedding (only the batch's rows)
+    # every weight is read once per step, except the input embedding (only the batch's rows) unless
+    # it is tied to the output projection, which reads all of it
     embed = model.get_input_embeddings().weight
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    weight_bytes -= embed.numel() * embed.element_size()
+    if not cfg.tie_word_embeddings:
+        weight_bytes -= embed.numel() * embed.element_size()
     params = sum(p.numel() for p in model.parameters())
     del model
     torch.cuda.empty_cache()
@@ -131,12 +168,13 @@ def build_model(folder: Path) -> dict[str, Any]:
         "kv_bytes_per_token": kv_bytes_per_token(
             cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, DTYPE_BYTES
         ),
-        **MODEL_SHAPE,
+        "shape": shape,
+        **SHAPES[shape],
         "dtype": "bf16",
     }
 
 
-async def measure(folder: Path) -> tuple[list[dict[str, Any]], float]:
+async def measure(folder: Path, profile: Path | None) -> tuple[list[dict[str, Any]], float]:
     from lmforge.config import load_config
     from lmforge.engines.lmi_dist.engine import LmiDistEngine
     from lmforge.engines.protocol import GenerationRequest, SamplingParams
@@ -167,14 +205,64 @@ async def measure(folder: Path) -> tuple[list[dict[str, Any]], float]:
             rate = decode_rate(list(firsts), list(lasts), list(counts))
             rows.append({"batch": batch, "tokens": sum(counts), "decode_tokens_per_s": rate})
             print(f"batch {batch:>3}: {rate:8.0f} decode tok/s", flush=True)
+        if profile is not None:
+            for batch in (1, 32):
+                await profiled(
+                    lambda b=batch: asyncio.gather(*[one(f"p{b}-{i}", 48) for i in range(b)]), batch, profile
+                )
     finally:
         await engine.shutdown()
     return rows, load_s
 
 
+async def profiled(run: Any, batch: int, out: Path) -> None:
+    """One batch under the profiler: operator tables and the device-busy share of the wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        t0 = time.perf_counter()
+        await run()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events)
+    busy = device_us / 1e6 / wall
+    print(
+        f"profile batch {batch}: wall {wall:.2f} s, device busy {device_us / 1e6:.3f} s ({busy:.1%})",
+        flush=True,
+    )
+    stacks = prof.key_averages(group_by_stack_n=6)
+    summary = {"batch": batch, "wall_s": wall, "device_busy_s": device_us / 1e6, "busy_share": busy}
+    (out / f"profile-b{batch}.txt").write_text(
+        "\n\n".join(
+            [
+                json.dumps(summary),
+                "operators by host time",
+                events.table(sort_by="self_cpu_time_total", row_limit=60),
+                "operators by device time",
+                events.table(sort_by="self_device_time_total", row_limit=40),
+                "host time by stack",
+                stacks.table(sort_by="self_cpu_time_total", row_limit=40),
+            ]
+        )
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="LMI-Dist decode tokens/s vs the memory-bandwidth roofline")
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2-135m")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default bench/results/gpu-roofline-SHAPE.json"
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="write profiler tables to this folder")
+    parser.add_argument(
+        "--config-from",
+        type=Path,
+        default=None,
+        help="a folder with SmolLM2-135M's config.json and tokenizer (default: lmforge example-model)",
+    )
     args = parser.parse_args()
     try:
         import torch
@@ -189,12 +277,12 @@ def main() -> int:
     bw = copy_bandwidth(torch)
     print(f"device copy bandwidth: {bw / 1e9:.0f} GB/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        model = build_model(Path(tmp) / "model")
+        model = build_model(Path(tmp) / "model", args.shape, args.config_from)
         print(
             f"model: {model['params'] / 1e9:.2f} B parameters, {model['weight_bytes'] / 2**30:.2f} GiB",
             flush=True,
         )
-        rows, load_s = asyncio.run(measure(Path(tmp) / "model"))
+        rows, load_s = asyncio.run(measure(Path(tmp) / "model", args.profile))
     context = mean_context(PROMPT, NEW)
     for row in rows:
         roof = roofline_tokens_per_s(
@@ -209,11 +297,11 @@ def main() -> int:
             f"batch {row['batch']:>3}: {row['fraction_of_roofline']:.1%} of the roofline ({roof:.0f} tok/s)"
         )
     result = {
-        "name": NAME,
+        "name": f"{NAME}-{args.shape}",
         "device": torch.cuda.get_device_name(0),
         "machine": machine(),
         "versions": versions(),
-        "command": "python bench/gpu_roofline.py",
+        "command": f"python bench/gpu_roofline.py --shape {args.shape}",
         "copy_bandwidth_bytes_per_s": bw,
         "model": model,
         "settings": {
@@ -224,9 +312,10 @@ def main() -> int:
         },
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out = args.out or RESULTS / f"{NAME}-{args.shape}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

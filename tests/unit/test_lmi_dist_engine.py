@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,38 +97,78 @@ def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.Abstrac
     loop.run_until_complete(scenario())
 
 
-def test_dead_loop_fails_in_flight_requests_and_reports_unhealthy(
+def _in_flight_then(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop, breaker: object
+) -> list[list[GenerationEvent]]:
+    """Three long requests in flight; once each has its first tokens, ``breaker()`` breaks the core."""
+
+    async def scenario() -> list[list[GenerationEvent]]:
+        params = SamplingParams(max_new_tokens=500, ignore_eos=True)
+        streams = [collect(engine, f"d{i}", params) for i in range(3)]
+        tasks = [asyncio.ensure_future(s) for s in streams]
+        while engine.stats()["tokens_total"] < 6:
+            await asyncio.sleep(0.01)
+        await breaker()  # type: ignore[operator]
+        return await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+    return loop.run_until_complete(scenario())
+
+
+def _assert_dead(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop, results: list[list[GenerationEvent]]
+) -> None:
+    for events in results:
+        assert events[-1].finish_reason == FinishReason.ERROR
+        assert events[-1].error and "engine failure" in events[-1].error
+        assert events[-1].error_status == 503
+        assert len(events) < 500  # ended mid-stream, not run to the end
+    with pytest.raises(EngineDeadError):
+        engine.check_health()
+    with pytest.raises(EngineDeadError):
+        loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=3)))
+    assert engine.stats()["healthy"] == 0.0
+
+
+def test_a_failing_generation_loop_ends_in_flight_requests_and_the_core(
     tiny_model: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
+    """A token id past the vocabulary (the handler refuses it; sent straight to the engine here) breaks
+    the core's batched step for every request: in-flight streams end with the cause, the engine is dead,
+    and the core process exits non-zero."""
     engine = make_engine(tiny_model, loop)
     try:
-        model = engine._model
-        original = model.forward
-        calls = {"n": 0}
 
-        def exploding_forward(*args: object, **kwargs: object) -> object:
-            calls["n"] += 1
-            if calls["n"] > 5:
-                raise RuntimeError("simulated device failure")
-            return original(*args, **kwargs)
-
-        model.forward = exploding_forward
-
-        async def scenario() -> list[list[GenerationEvent]]:
-            params = SamplingParams(max_new_tokens=300, ignore_eos=True)
-            return await asyncio.wait_for(
-                asyncio.gather(*[collect(engine, f"d{i}", params) for i in range(3)]), timeout=30
+        async def poison() -> None:
+            bad = GenerationRequest(
+                "poison", [5, len(engine.tokenizer) + 100], SamplingParams(max_new_tokens=3)
             )
+            async for _ in engine.generate(bad):
+                pass
 
-        results = loop.run_until_complete(scenario())
-        for events in results:
-            assert events[-1].finish_reason == FinishReason.ERROR
-            assert events[-1].error
-        loop.run_until_complete(asyncio.sleep(0.6))  # the supervisor notices
-        with pytest.raises(EngineDeadError):
-            engine.check_health()
-        with pytest.raises(EngineDeadError):
-            loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=3)))
+        results = _in_flight_then(engine, loop, poison)
+        _assert_dead(engine, loop, results)
+        assert "IndexError" in (results[0][-1].error or "")
+        assert engine._core is not None and engine._core.proc is not None
+        assert engine._core.proc.wait(10) == 1
+    finally:
+        loop.run_until_complete(engine.shutdown())
+
+
+def test_a_killed_core_process_ends_in_flight_requests(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    """kill -9 of the engine core mid-stream: every stream ends with an error naming the exit; no hang."""
+    engine = make_engine(tiny_model, loop)
+    try:
+        assert engine._core is not None and engine._core.proc is not None
+        proc = engine._core.proc
+
+        async def kill() -> None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+        results = _in_flight_then(engine, loop, kill)
+        _assert_dead(engine, loop, results)
+        assert "exited with code -9" in (results[0][-1].error or "")
     finally:
         loop.run_until_complete(engine.shutdown())
 

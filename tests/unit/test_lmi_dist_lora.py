@@ -1,4 +1,5 @@
-"""LMI-Dist's LoRA layers on a bare linear model: every row gets exactly its own adapter's delta."""
+"""LMI-Dist's LoRA layers on a bare linear model (every row gets exactly its own adapter's delta) and
+the frontend's adapter slots (waiting, eviction, removal) over those layers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from lmforge.adapters.spec import LoraAdapter, LoraShape
-from lmforge.engines.lmi_dist.lora import LORA_KWARG, LoraRuntime
+from lmforge.engines.lmi_dist.ipc import AdapterRef
+from lmforge.engines.lmi_dist.lora import LORA_KWARG, LoraLayers
+from lmforge.engines.lmi_dist.lora_slots import LoraSlots
 from lmforge.errors import NotFoundError
 
 
@@ -42,7 +45,26 @@ def adapter(tmp: Path, int_id: int, rank: int, seed: int) -> tuple[LoraAdapter, 
     return spec, a, b
 
 
-def step(runtime: LoraRuntime, ids_and_lengths: list[tuple[int, int]]) -> None:
+class LocalInstaller:
+    """The engine core's calls, made directly on the layers (no core process)."""
+
+    def __init__(self, layers: LoraLayers) -> None:
+        self.layers = layers
+
+    async def install(self, adapter: LoraAdapter) -> None:
+        self.layers.install(AdapterRef.of(adapter))
+
+    async def preload(self, adapter: LoraAdapter) -> None:
+        self.layers.host_weights(AdapterRef.of(adapter))
+
+    async def uninstall(self, adapter_id: int) -> None:
+        self.layers.uninstall(adapter_id)
+
+    async def forget(self, adapter_id: int) -> None:
+        self.layers.forget(adapter_id)
+
+
+def step(runtime: LoraLayers, ids_and_lengths: list[tuple[int, int]]) -> None:
     requests: list[Any] = [
         SimpleNamespace(
             state=SimpleNamespace(logit_processor_kwargs={LORA_KWARG: i} if i else {}), query_length=n
@@ -55,15 +77,10 @@ def step(runtime: LoraRuntime, ids_and_lengths: list[tuple[int, int]]) -> None:
 def test_mixed_steps_single_steps_and_the_per_adapter_path(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = Tiny()
-    runtime = LoraRuntime(model, max_loras=2, max_cpu_loras=2)
+    runtime = LoraLayers(model, max_cpu_loras=2)
     ads = [adapter(tmp_path, 1, 4, 1), adapter(tmp_path, 2, 8, 2)]
-
-    async def load() -> None:
-        for spec, _, _ in ads:
-            await runtime.add(spec, preload=True)
-            await runtime.acquire(spec)
-
-    asyncio.run(load())
+    for spec, _, _ in ads:
+        runtime.install(AdapterRef.of(spec))
     layout = [(1, 3), (0, 2), (2, 1), (1, 1)]  # (adapter id, rows): 7 token rows
     x = torch.randn(1, 7, 16)
     base = torch.nn.functional.linear(x, model.proj.weight, model.proj.bias)[0]
@@ -87,7 +104,7 @@ def test_mixed_steps_single_steps_and_the_per_adapter_path(tmp_path: Path) -> No
 
 def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> None:
     model = Tiny()
-    runtime = LoraRuntime(model, max_loras=1, max_cpu_loras=1)
+    runtime = LoraSlots(LocalInstaller(LoraLayers(model, max_cpu_loras=1)), max_loras=1)
     first, _, _ = adapter(tmp_path, 1, 4, 1)
     second, _, _ = adapter(tmp_path, 2, 4, 2)
 
@@ -99,9 +116,10 @@ def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> No
         runtime.release(first)
         await asyncio.wait_for(waiter, 5)  # first evicted, second installed
         assert runtime.stats()["lora_evictions_total"] == 1
-        runtime.remove(second)  # still in use: its weights stay until released
+        await runtime.remove(second)  # still in use: its weights stay until released
         assert 2 in model.proj._lmforge_lora  # type: ignore[operator]
         runtime.release(second)
+        await asyncio.sleep(0.01)  # the uninstall runs as a task
         assert 2 not in model.proj._lmforge_lora  # type: ignore[operator]
         with pytest.raises(NotFoundError):
             await runtime.acquire(second)

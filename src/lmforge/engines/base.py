@@ -1,14 +1,20 @@
 """What every lmforge engine shares: its configuration, the ``option.*`` keys it may take, the
-tokenizer, the served model name and the request counters behind ``/metrics``."""
+tokenizer, the served model name, the request counters behind ``/metrics``, and the start of every
+request (:meth:`EngineBase.prepare`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.limits import check_request_size
+
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
+    from lmforge.engines.protocol import GenerationRequest, SamplingParams
 
 
 class EngineBase:
@@ -20,6 +26,27 @@ class EngineBase:
         self._tokenizer: Any = None
         self._counters: dict[str, float] = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
         self.load_seconds = 0.0
+        self.max_model_len = 0
+        """Prompt + generated tokens one sequence may hold (known once the engine started)."""
+
+    def check_health(self) -> None:
+        raise NotImplementedError
+
+    def prepare(self, request: GenerationRequest) -> tuple[SamplingParams, list[int]]:
+        """What every engine does first with a request: refuse it when the engine cannot serve, give
+        a sampled request without a seed one of its own (its draws are then reproducible, and equal
+        on every tensor-parallel rank), tokenize the prompt, and check its size
+        (:func:`lmforge.engines.limits.check_request_size`). Returns the settings and prompt ids."""
+        self.check_health()
+        params = request.params
+        if params.do_sample and params.seed is None:
+            params = dataclasses.replace(params, seed=random.getrandbits(62))
+        if isinstance(request.prompt, list):
+            prompt_ids = list(request.prompt)
+        else:
+            prompt_ids = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        check_request_size(self.config, len(prompt_ids), params.max_new_tokens, self.max_model_len)
+        return params, prompt_ids
 
     @property
     def tokenizer(self) -> Any:

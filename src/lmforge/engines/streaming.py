@@ -67,11 +67,20 @@ class TokenStream:
                 events[-1].error_status = ERROR_TABLE["model_error"].status
         return events
 
-    def final(
+    def end(
         self, reason: FinishReason, error: str | None = None, status: int | None = None
-    ) -> GenerationEvent:
-        """A closing event without a token (abort, a dead engine)."""
+    ) -> list[GenerationEvent]:
+        """The closing events of a request the engine did not finish (abort, a dead engine): the text
+        held back for a possible stop string, then a final event without a token."""
+        events = []
+        for token, text in self.stops.flush():
+            token.text = text
+            self.generated += 1
+            events.append(GenerationEvent(token, self.prompt_len, self.generated))
         self.finished = True
-        return GenerationEvent(
-            None, self.prompt_len, self.generated, finish_reason=reason, error=error, error_status=status
+        events.append(
+            GenerationEvent(
+                None, self.prompt_len, self.generated, finish_reason=reason, error=error, error_status=status
+            )
         )
+        return events

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from lmforge.errors import (
+    EngineDeadError,
     LmforgeError,
     MethodNotAllowedError,
     NotFoundError,
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.serving")
 
 RETRY_AFTER_S = 1
+#: how long a server whose engine died keeps answering (in-flight streams get their error line,
+#: ``/ping`` says 503 and why) before it exits non-zero, so that its container is replaced
+ENGINE_DEATH_EXIT_AFTER_S = 5.0
+_HEALTH_EVERY_S = 0.5
 INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
 MODELS_PATH = "/v1/models"
 
@@ -48,6 +53,8 @@ class App:
         self.state = state
         self.started = time.time()
         self.on_load_failure: Any = None
+        self.on_engine_death: Any = None
+        """Called once with the cause, ENGINE_DEATH_EXIT_AFTER_S after the engine was found dead."""
         self._load_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._handler_stop: asyncio.Future[None] | None = None
@@ -69,6 +76,26 @@ class App:
         self.state.phase = Phase.READY
         self.state.detail = "ready"
         log.info("model loaded in %.1f s; serving with handler %s", time.monotonic() - t0, self.handler.name)
+        if self.on_engine_death is not None:
+            await self._watch_engine()
+
+    async def _watch_engine(self) -> None:
+        """Once the engine is dead (a dead engine core or rank: it cannot come back), exit non-zero."""
+        while True:
+            await asyncio.sleep(_HEALTH_EVERY_S)
+            try:
+                self.handler.check_health()
+            except EngineDeadError as err:
+                log.error(
+                    "%s; the server exits in %.0f s so that its container is replaced",
+                    err.message,
+                    ENGINE_DEATH_EXIT_AFTER_S,
+                )
+                await asyncio.sleep(ENGINE_DEATH_EXIT_AFTER_S)
+                self.on_engine_death(err.message)
+                return
+            except LmforgeError:
+                continue
 
     async def _lifespan(self, receive: asgi.Receive, send: asgi.Send) -> None:
         while True:

@@ -126,11 +126,12 @@ def serve(
     server = make_server(uv_config, state)
     exit_code = {"code": 0}
 
-    def on_load_failure(detail: str) -> None:
+    def on_load_failure(detail: str) -> None:  # also when a loaded engine dies: exit 1
         exit_code["code"] = 1
         server.should_exit = True
 
     app.on_load_failure = on_load_failure
+    app.on_engine_death = on_load_failure
 
     async def main() -> None:
         loader_deadline = asyncio.create_task(_deadline(state, config.model_loading_timeout, on_load_failure))

@@ -20,7 +20,6 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import EngineDeadError, LmforgeError
@@ -107,15 +106,7 @@ class ScriptedEngine(EngineBase):
         self._alive = False
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        self.check_health()
-        params = request.params
-        prompt = request.prompt
-        ids = (
-            list(prompt)
-            if isinstance(prompt, list)
-            else self._tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
-        )
-        check_request_size(self.config, len(ids), params.max_new_tokens, self.max_model_len)
+        params, ids = self.prepare(request)
         self.seen.append(request)
         rid = request.request_id
         aborted = self._live[rid] = asyncio.Event()
@@ -135,7 +126,8 @@ class ScriptedEngine(EngineBase):
                 await asyncio.sleep(0)  # one event-loop turn per token, as an engine step gives
                 if aborted.is_set():
                     done = True
-                    yield stream.final(FinishReason.ABORT)
+                    for event in stream.end(FinishReason.ABORT):
+                        yield event
                     return
                 if not self._alive or (self.fail_after is not None and i >= self.fail_after):
                     done = True

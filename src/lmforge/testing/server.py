@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -89,6 +90,18 @@ class RemoteServer:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"/ping never returned {status} (last {last}):\n{self.logs()}")
+
+    def descendant(self, module: str) -> Any:
+        """The ``psutil.Process`` of the server's descendant running ``python -m <module>`` (an engine
+        core such as ``lmforge.engines.lmi_dist.core``, a tensor-parallel rank's ``...follower``)."""
+        import psutil
+
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if module in child.cmdline():
+                    return child
+        raise LookupError(f"no process runs {module} under the server (pid {self.proc.pid})")
 
     def logs(self) -> str:
         with contextlib.suppress(OSError):

@@ -1,4 +1,11 @@
-"""LMI-Dist engine: continuous batching on transformers' paged-attention manager.
+"""LMI-Dist engine: continuous batching on transformers' paged-attention manager, in an engine core
+process of its own (the shape vLLM's V1 engine proved).
+
+This class is the frontend, in the server process: it tokenizes, checks sizes, admits requests, turns
+the core's token ids into text and stop strings (:class:`lmforge.engines.streaming.TokenStream`, as
+for every engine), and keeps adapter slots. The engine core (:mod:`.core`, reached through
+:class:`.client.CoreProcess`) owns the model, transformers' ``ContinuousBatchingManager`` and
+lmforge's per-request sampler; the two share no interpreter lock and exchange token ids only.
 
 What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.19):
 
@@ -6,42 +13,49 @@ What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.1
 * admission: prompt + ``max_new_tokens`` is checked against ``max_model_len`` (which the cache can
   always hold) before the request reaches the manager, whose loop dies on a request it cannot fit;
 * at most ``max_rolling_batch_size`` sequences in the running batch, the rest wait in order;
-* per-request sampling, seeds, repetition penalty and true log-probs (:mod:`.sampler`);
-* incremental detokenization and stop sequences (:mod:`.events`, :mod:`lmforge.engines.text`);
+* per-request sampling, seeds, penalties, grammars and true log-probs (:mod:`.sampler`);
 * per-request attention instead of one dense attention over all histories (:mod:`.attention`);
-* a final event for cancelled requests (the manager sends none) and a supervisor that ends every
-  in-flight stream with an error and reports unhealthy if the generation thread or a rank dies;
-* tensor parallelism with one process per rank (:mod:`.distributed`).
+* per-request LoRA adapters in one batch (:mod:`.lora`, slots in :mod:`.lora_slots`);
+* a final event for cancelled requests (the manager sends none), and supervision: when the core's
+  generation loop or a tensor-parallel rank fails, or the core process dies, every in-flight stream
+  ends with an error and the engine reports unhealthy;
+* tensor parallelism with one process per rank (:mod:`.distributed`), the core being rank 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import random
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.limits import check_request_size
-from lmforge.engines.lmi_dist.events import Live, output_events, terminal_event
-from lmforge.engines.lmi_dist.loading import build
-from lmforge.engines.protocol import GenerationEvent, GenerationRequest
-from lmforge.errors import BadRequestError, EngineDeadError, NotReadyError
+from lmforge.engines.lmi_dist import ipc
+from lmforge.engines.lmi_dist.client import CoreProcess
+from lmforge.engines.lmi_dist.lora_slots import LoraSlots
+from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.streaming import TokenStream
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
-    from lmforge.engines.lmi_dist.distributed import FollowerGroup
-    from lmforge.engines.lmi_dist.lora import LoraRuntime
-    from lmforge.engines.lmi_dist.sampler import RequestSampler
-    from lmforge.engines.lmi_dist.sizing import KvCachePlan
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
-_SUPERVISE_EVERY_S = 0.25
+
+@dataclass
+class _Live:
+    """One in-flight request, on the event loop."""
+
+    outputs: deque[ipc.Out] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    dead_error: str | None = None
+    engine_done: bool = False
+    """The core sent its last output for this request (finished, failed or refused)."""
 
 
 class LmiDistEngine(EngineBase):
@@ -49,110 +63,88 @@ class LmiDistEngine(EngineBase):
 
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
         super().__init__(config, extra_options)  # LMI-Dist takes no extra options; the config warned
-        self._model: Any = None
-        self._manager: Any = None
-        self._sampler: RequestSampler | None = None
-        self.plan: KvCachePlan | None = None
-        self.max_model_len = 0
-        self._eos_ids: list[int] = []
-        self._lora: LoraRuntime | None = None
+        self._core: CoreProcess | None = None
+        self.plan: dict[str, Any] = {}
+        self._eos_ids: frozenset[int] = frozenset()
+        self._lora: LoraSlots | None = None
+        self._lora_layers: dict[str, tuple[int, int]] = {}
         self._slots: asyncio.Semaphore | None = None
-        self._live: dict[str, Live] = {}
+        self._live: dict[str, _Live] = {}
         self._submissions = 0
-        self._followers: FollowerGroup | None = None
-        self._dead: str | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._stopping = False
         self._counters["waiting"] = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         started = time.monotonic()
-        await asyncio.to_thread(self._load)
-        self.load_seconds = time.monotonic() - started
-        self._slots = asyncio.Semaphore(self.config.max_rolling_batch_size)
-        self._supervisor = asyncio.create_task(self._supervise(), name="lmi-dist-supervisor")
-
-    def _load(self) -> None:
-        from lmforge.engines.lmi_dist.distributed import FollowerGroup, tensor_parallel_size
-
-        world = tensor_parallel_size(self.config)
-        if world > 1:
-            self._followers = FollowerGroup(self.config, world)
+        core = CoreProcess(self.config, self._on_outputs, self._on_death)
+        self._core = core
+        # the tokenizer loads here while the core loads the model
+        tokenizer = asyncio.create_task(asyncio.to_thread(self._load_tokenizer))
         try:
-            built = build(self.config)
-        except BaseException:
-            if self._followers is not None:
-                for proc in self._followers.procs:
-                    proc.kill()
-            raise
-        self._tokenizer = built.tokenizer
-        self._model = built.model
-        self._manager = built.manager
-        self._sampler = built.sampler
-        self.plan = built.plan
-        self.max_model_len = built.max_model_len
-        self._eos_ids = built.eos_ids
-        self._lora = built.lora
+            ready = await core.start()
+        finally:
+            await tokenizer
+        self.max_model_len = ready.max_model_len
+        self._eos_ids = frozenset(ready.eos_ids)
+        self.plan = ready.plan
+        self._lora_layers = ready.lora_layers
+        if self.config.enable_lora:
+            self._lora = LoraSlots(_Installer(core), self.config.max_loras)
+        self._slots = asyncio.Semaphore(self.config.max_rolling_batch_size)
+        self.load_seconds = time.monotonic() - started
+
+    def _load_tokenizer(self) -> None:
+        from transformers import AutoTokenizer
+
+        kwargs: dict[str, Any] = {"trust_remote_code": self.config.trust_remote_code}
+        if self.config.revision:
+            kwargs["revision"] = self.config.revision
+        self._tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_path), **kwargs)
 
     async def shutdown(self) -> None:
-        self._stopping = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        self._end_all("the server is shutting down")
+        if self._core is not None:
+            await self._core.close()
+
+    # ------------------------------------------------------------------ the core's news
+
+    def _on_outputs(self, items: list[ipc.Out]) -> None:
+        for out in items:
+            live = self._live.get(out.rid)
+            if live is not None:
+                live.outputs.append(out)
+                live.wake.set()
+
+    def _on_death(self, reason: str) -> None:
+        log.error("lmi-dist engine failed: %s; failing %d requests", reason, len(self._live))
+        self._end_all(f"engine failure: {reason}")
+
+    def _end_all(self, reason: str) -> None:
         for live in list(self._live.values()):
-            live.dead_error = "the server is shutting down"
+            live.dead_error = reason
             live.wake.set()
-        if self._manager is not None:
-            manager, self._manager = self._manager, None
-            # the streams were told above; a flush would finish (or wait out) their generation first
-            await asyncio.to_thread(manager.stop, block=True, timeout=10, hard_stop=True)
-        if self._followers is not None:
-            await asyncio.to_thread(self._followers.stop)
 
     # ------------------------------------------------------------------ health
 
     def check_health(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(f"lmi-dist engine is dead: {self._dead}")
-        if self._manager is None:
+        core = self._core
+        if core is not None and core.dead is not None:
+            raise EngineDeadError(f"lmi-dist engine is dead: {core.dead}")
+        if core is None or core.ready is None:
             raise NotReadyError("lmi-dist engine is not running")
-
-    def _loop_failure(self) -> str | None:
-        manager = self._manager
-        if manager is None:
-            return None
-        # A dead rank also breaks the loop's collectives; name the rank, the cause, first.
-        if self._followers is not None and (failure := self._followers.failure()) is not None:
-            return failure
-        fatal = manager.background_thread_status.fatal_error
-        if fatal is not None:
-            return f"{type(fatal).__name__}: {fatal}"
-        if not manager.is_running():
-            return "the generation thread exited"
-        return None
-
-    async def _supervise(self) -> None:
-        while self._dead is None and not self._stopping:
-            await asyncio.sleep(_SUPERVISE_EVERY_S)
-            failure = self._loop_failure()
-            if failure is not None and not self._stopping:
-                self._dead = failure
-                log.error("lmi-dist generation loop died: %s; failing %d requests", failure, len(self._live))
-                for live in list(self._live.values()):
-                    live.dead_error = f"engine failure: {failure}"
-                    live.wake.set()
 
     def stats(self) -> dict[str, float]:
         running = len(self._live) - self._counters["waiting"]
-        out = {"running": float(running), **self._counters, "healthy": float(self._dead is None)}
+        healthy = self._core is not None and self._core.dead is None
+        out = {"running": float(running), **self._counters, "healthy": float(healthy)}
         if self._lora is not None:
             out.update(self._lora.stats())
         return out
 
     # ------------------------------------------------------------------ LoRA adapters
 
-    def _lora_runtime(self) -> LoraRuntime:
+    def _slots_or_refuse(self) -> LoraSlots:
         if self._lora is None:
             raise BadRequestError(
                 "LoRA adapters are not enabled; set option.enable_lora=true", param="adapters"
@@ -160,66 +152,42 @@ class LmiDistEngine(EngineBase):
         return self._lora
 
     def lora_layers(self) -> dict[str, tuple[int, int]]:
-        return self._lora_runtime().layers()
+        self._slots_or_refuse()
+        return dict(self._lora_layers)
 
     async def add_adapter(self, adapter: LoraAdapter) -> None:
         options = adapter.options
-        await self._lora_runtime().add(
+        await self._slots_or_refuse().add(
             adapter, preload=bool(options.get("preload", True)), pin=bool(options.get("pin", False))
         )
 
     async def remove_adapter(self, adapter: LoraAdapter) -> None:
-        self._lora_runtime().remove(adapter)
+        await self._slots_or_refuse().remove(adapter)
 
     # ------------------------------------------------------------------ requests
 
-    def _tokenize(self, request: GenerationRequest) -> list[int]:
-        if isinstance(request.prompt, list):
-            return list(request.prompt)
-        ids: list[int] = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        return ids
-
-    def _validate(self, prompt_len: int, max_new: int) -> None:
-        check_request_size(self.config, prompt_len, max_new, self.max_model_len)
-
     async def abort(self, request_id: str) -> None:
-        live = self._live.get(request_id)
-        if live is not None and live.dead_error is None:
-            live.dead_error = "aborted"
-            live.wake.set()
+        for rid, live in self._live.items():
+            if rid.rpartition("#")[0] == request_id and live.dead_error is None:
+                live.dead_error = "aborted"
+                live.wake.set()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        self.check_health()
-        assert self._slots is not None and self._sampler is not None
-        from lmforge.engines.lmi_dist.sampler import LORA_KWARG, request_kwargs
-
-        params = request.params
-        if params.do_sample and params.seed is None:
-            # every sampled request gets its own seed: reproducible draws, equal on all TP ranks
-            params = dataclasses.replace(params, seed=random.getrandbits(62))
-        prompt_ids = self._tokenize(request)
-        self._validate(len(prompt_ids), params.max_new_tokens)
-        if params.structured is not None:  # compiled off the event loop, before the step needs it
-            sampler, constraint = self._sampler, params.structured
-            await asyncio.to_thread(lambda: sampler.grammars.compile(constraint))
-        rid = request.request_id
-        if rid in self._live:
-            raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
+        params, prompt_ids = self.prepare(request)
+        assert self._slots is not None and self._core is not None
         adapter = request.adapter
-        lora = self._lora_runtime() if adapter is not None else None
-        live = Live()
-        self._live[rid] = live
-        # The manager's id is unique per submission: a late cancel of an earlier request must never
-        # hit a newer one that reuses the caller's id.
+        lora = self._slots_or_refuse() if adapter is not None else None
+        # The core's id is unique per submission: a late cancel of an earlier request must never hit
+        # a newer one that reuses the caller's id.
         self._submissions += 1
-        cb_rid = f"{rid}#{self._submissions}"
+        rid = f"{request.request_id}#{self._submissions}"
+        live = _Live()
+        self._live[rid] = live
+        stream = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
+        ends = [*([] if params.ignore_eos else sorted(self._eos_ids)), *params.stop_token_ids]
         self._counters["requests_total"] += 1
         self._counters["waiting"] += 1
-        waiting = True
-        submitted = False
-        finished = False
-        key = -1
-        adapter_held = False
+        waiting, submitted, adapter_held = True, False, False
         try:
             if lora is not None and adapter is not None:
                 await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
@@ -227,57 +195,89 @@ class LmiDistEngine(EngineBase):
             await self._slots.acquire()
             self._counters["waiting"] -= 1
             waiting = False
-            if live.dead_error is not None:  # aborted while waiting for a slot
-                finished = True
-                yield terminal_event(live.dead_error, len(prompt_ids), 0)
-                return
-            self.check_health()
-            key, record = self._sampler.register()
-            manager = self._manager
-            manager.register_result_handler(cb_rid, live.push)
-            ends = [*([] if params.ignore_eos else self._eos_ids), *params.stop_token_ids]
-            eos = ends or -1
-            kwargs = request_kwargs(key, params)
-            if adapter is not None:
-                kwargs[LORA_KWARG] = adapter.int_id
-            await asyncio.to_thread(
-                manager.add_request,
-                prompt_ids,
-                request_id=cb_rid,
-                max_new_tokens=params.max_new_tokens,
-                streaming=True,
-                eos_token_id=eos,
-                **kwargs,
-            )
-            submitted = True
-            events = output_events(
-                live,
-                params,
-                record,
-                len(prompt_ids),
-                tokenizer=self._tokenizer,
-                eos_ids=self._eos_ids,
-                counters=self._counters,
-                loop_failure=self._loop_failure,
-            )
-            async for event in events:
-                if event.finished:
-                    finished = True
-                yield event
+            if live.dead_error is None:
+                self.check_health()
+                self._core.send(
+                    ipc.Add(
+                        rid, prompt_ids, ipc.encode_params(params), ends, adapter.int_id if adapter else 0
+                    )
+                )
+                submitted = True
+            while True:
+                if not live.outputs:
+                    if live.dead_error is not None:
+                        for event in self._ended(stream, live.dead_error):
+                            yield event
+                        return
+                    live.wake.clear()
+                    await live.wake.wait()
+                    continue
+                out = live.outputs.popleft()
+                if out.status == ipc.REJECTED:
+                    live.engine_done = True
+                    raise BadRequestError(out.error or "the request was refused", param=out.param)
+                live.engine_done = out.status != ipc.RUNNING
+                tokens = self._tokens(out, params.top_n_logprobs)
+                for event in stream.step(tokens, self._done(out, params), out.error or ""):
+                    yield event
+                self._counters["tokens_total"] += len(out.tokens)
+                if stream.finished:
+                    return
         finally:
             if waiting:
                 self._counters["waiting"] -= 1
             else:
                 self._slots.release()
-            if submitted and not finished:
+            if submitted and not stream.finished:
                 self._counters["aborted_total"] += 1
-            if submitted and self._manager is not None:
-                if not live.engine_done:  # stopped early (stop string, abort, disconnect)
-                    self._manager.cancel_request(cb_rid)
-                with self._manager.output_router._lock:
-                    self._manager.output_router.result_handlers.pop(cb_rid, None)
-            if key >= 0:
-                self._sampler.remove(key)
+            if submitted and not live.engine_done:  # stopped early (stop string, abort, disconnect)
+                self._core.send(ipc.Cancel(rid))
             if adapter_held and lora is not None and adapter is not None:
                 lora.release(adapter)
             self._live.pop(rid, None)
+
+    def _tokens(self, out: ipc.Out, top_n: int) -> list[Token]:
+        decode = self._tokenizer.decode
+        tokens = []
+        for i, tid in enumerate(out.tokens):
+            top = None
+            if top_n > 0 and out.top is not None and i < len(out.top):
+                top = [(t, decode([t]), lp) for t, lp in out.top[i]]
+            tokens.append(Token(tid, "", out.logprobs[i], special=tid in self._eos_ids, top_logprobs=top))
+        return tokens
+
+    def _done(self, out: ipc.Out, params: Any) -> FinishReason | None:
+        if out.status == ipc.RUNNING:
+            return None
+        if out.status == ipc.FAILED:
+            return FinishReason.ERROR
+        last = out.tokens[-1] if out.tokens else None
+        if last in params.stop_token_ids or (last in self._eos_ids and not params.ignore_eos):
+            return FinishReason.EOS
+        return FinishReason.LENGTH
+
+    @staticmethod
+    def _ended(stream: TokenStream, reason: str) -> list[GenerationEvent]:
+        """The last events of a request that was aborted or lost to a dead engine."""
+        if reason == "aborted":
+            return stream.end(FinishReason.ABORT)
+        return stream.end(FinishReason.ERROR, reason, ERROR_TABLE["engine_dead"].status)
+
+
+class _Installer:
+    """LoRA slot changes, as calls into the engine core."""
+
+    def __init__(self, core: CoreProcess) -> None:
+        self.core = core
+
+    async def install(self, adapter: LoraAdapter) -> None:
+        await self.core.call("install", adapter=ipc.AdapterRef.of(adapter).to_wire())
+
+    async def preload(self, adapter: LoraAdapter) -> None:
+        await self.core.call("preload", adapter=ipc.AdapterRef.of(adapter).to_wire())
+
+    async def uninstall(self, adapter_id: int) -> None:
+        await self.core.call("uninstall", adapter_id=adapter_id)
+
+    async def forget(self, adapter_id: int) -> None:
+        await self.core.call("forget", adapter_id=adapter_id)

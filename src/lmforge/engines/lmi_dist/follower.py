@@ -18,6 +18,7 @@ def main() -> int:
     config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
     parent = os.getppid()
     built = build(config)
+    built.manager.start()
     thread = built.manager._generation_thread
     while thread is not None and thread.is_alive():
         thread.join(1.0)

@@ -1,4 +1,5 @@
-"""LMI-Dist startup: load tokenizer and model, size the KV cache, start transformers' batching loop."""
+"""LMI-Dist startup (in the engine core and every tensor-parallel rank): load tokenizer and model, size
+the KV cache, set up transformers' batching loop (the caller starts it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
-    from lmforge.engines.lmi_dist.lora import LoraRuntime
+    from lmforge.engines.lmi_dist.lora import LoraLayers
     from lmforge.engines.lmi_dist.sampler import RequestSampler
     from lmforge.engines.lmi_dist.sizing import KvCachePlan
     from lmforge.engines.structured import Grammars
@@ -30,11 +31,13 @@ class Built:
     plan: KvCachePlan
     max_model_len: int
     eos_ids: list[int]
-    lora: LoraRuntime | None = None
+    vocab_size: int
+    lora: LoraLayers | None = None
 
 
 def build(cfg: ServingConfig) -> Built:
-    """Load tokenizer and model, size the KV cache and start the continuous-batching loop.
+    """Load tokenizer and model, size the KV cache and set up the continuous-batching loop, ready for
+    ``built.manager.start()``.
 
     Runs on every tensor-parallel rank (``RANK``/``WORLD_SIZE`` in the environment), which must all
     make the same calls in the same order: the cache sizing and the loop talk to each other.
@@ -154,9 +157,9 @@ def build(cfg: ServingConfig) -> Built:
     sampler = sampler_mod.RequestSampler(grammars, eos_ids)
     lora = None
     if cfg.enable_lora:
-        from lmforge.engines.lmi_dist.lora import LoraRuntime
+        from lmforge.engines.lmi_dist.lora import LoraLayers
 
-        lora = LoraRuntime(model, cfg.max_loras, cfg.max_cpu_loras or cfg.max_loras)
+        lora = LoraLayers(model, cfg.max_cpu_loras or cfg.max_loras)
     sampler_mod.install(manager, sampler, lora.on_batch if lora is not None else None)
     mark("batching_init")
     if manager.batch_processor is None:  # what warmup() does first: allocate the paged KV cache
@@ -168,8 +171,6 @@ def build(cfg: ServingConfig) -> Built:
     if capacity < max_model_len:
         log.warning("KV cache fits %d tokens per sequence; max_model_len lowered to it", capacity)
         max_model_len = capacity
-    manager.start()
-    mark("start")
     log.info("lmi-dist startup phases (s): %s", " ".join(f"{k}={v:.3f}" for k, v in phases.items()))
     log.info(
         "lmi-dist ready: %s, dtype=%s, tensor parallel %d, max_model_len=%d, KV cache %d blocks x %d tokens "
@@ -183,4 +184,4 @@ def build(cfg: ServingConfig) -> Built:
         plan.total_bytes / 2**20,
         plan.max_batch_tokens,
     )
-    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, lora)
+    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, vocab_size, lora)

@@ -1,4 +1,5 @@
-"""Per-request LoRA adapters inside LMI-Dist's continuous batch.
+"""Per-request LoRA adapters inside LMI-Dist's continuous batch: the engine core's side (layers and
+weights); which adapters are resident is decided by the frontend (:mod:`.lora_slots`).
 
 transformers' continuous batching applies one adapter (PEFT's active one) to the whole batch. LMI-Dist
 instead gives every request its own adapter, in the same forward pass:
@@ -7,7 +8,7 @@ instead gives every request its own adapter, in the same forward pass:
   adapter present in the step, ``(x_rows @ A.T) @ (scaling * B).T`` to that adapter's token rows only
   (PEFT's formula with the scaling folded into B; greedy tokens equal PEFT's, which the tests check);
 * which token rows belong to which adapter is computed once per step from the batch's requests (each
-  carries its adapter id as a logits-processor kwarg) by :meth:`LoraRuntime.on_batch`, called by the
+  carries its adapter id as a logits-processor kwarg) by :meth:`LoraLayers.on_batch`, called by the
   logits-processor list while transformers prepares the step's tensors;
 * at most ``max_loras`` adapters are resident (installed in the layers) at once; a request for another
   adapter waits until a resident one is idle and is evicted (least recently used first). Loaded weights
@@ -20,20 +21,20 @@ weights and adds nothing (that request was cancelled); it can never pick up anot
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import types
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from lmforge.errors import BadRequestError, NotFoundError
+from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from lmforge.adapters.spec import LoraAdapter
+    from lmforge.engines.lmi_dist.ipc import AdapterRef
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
@@ -47,7 +48,7 @@ Factors = tuple[torch.Tensor, torch.Tensor]
 
 def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     out = F.linear(x, self.weight, self.bias)
-    runtime: LoraRuntime | None = getattr(self, "_lmforge_runtime", None)
+    runtime: LoraLayers | None = getattr(self, "_lmforge_runtime", None)
     groups = runtime.groups if runtime is not None else ()
     if not groups:
         return out
@@ -109,17 +110,18 @@ def _stack(
     return entry
 
 
-class LoraRuntime:
-    """The adapters of one loaded model: layers, residency, host-memory cache, per-step row groups."""
+class LoraLayers:
+    """The engine core's side: the model's adaptable layers, the adapters installed in them, the
+    host-memory cache of adapter weights, and each step's rows per adapter."""
 
-    def __init__(self, model: torch.nn.Module, max_loras: int, max_cpu_loras: int) -> None:
+    def __init__(self, model: torch.nn.Module, max_cpu_loras: int) -> None:
         self.model = model
-        self.max_loras = max_loras
         self.max_cpu_loras = max(max_cpu_loras, 1)
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
         self.groups: tuple[tuple[int, torch.Tensor | None], ...] = ()
+        """Set on the generation thread before each forward: (adapter id, token rows or None = all)."""
         self.key: tuple[int, ...] = ()
         """The adapter ids present in the step (sorted), for a mixed step."""
         self.onehot = torch.zeros(0, 0)
@@ -127,26 +129,20 @@ class LoraRuntime:
         self.tokens = 0
         self.per_token = torch.zeros(0, dtype=torch.long)
         """The adapter id of every token row of a mixed step."""
-        """Set on the generation thread before each forward: (adapter id, token rows or None = all)."""
         self._linears: dict[str, torch.nn.Linear] = {
             name: mod
             for name, mod in model.named_modules()
             if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head")
         }
         self._patched: set[str] = set()
-        # event-loop side
-        self._resident: OrderedDict[int, int] = OrderedDict()  # adapter id -> running requests (LRU order)
         self._host: OrderedDict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
-        self._removed: set[int] = set()
-        self._pinned: set[int] = set()
-        self._cond: asyncio.Condition | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.loads_total = 0
-        self.evictions_total = 0
         self.last_load_ms = 0.0
 
     def layers(self) -> dict[str, tuple[int, int]]:
         return {name: (m.in_features, m.out_features) for name, m in self._linears.items()}
+
+    def stats(self) -> dict[str, float]:
+        return {"lora_host_cached": float(len(self._host))}
 
     # ------------------------------------------------------------------ generation thread
 
@@ -174,25 +170,29 @@ class LoraRuntime:
         self.onehot = (per_token.unsqueeze(1) == torch.tensor(key).unsqueeze(0)).to(self.device, self.dtype)
         self.groups = tuple(groups)
 
-    # ------------------------------------------------------------------ loading
+    # ------------------------------------------------------------------ loading (the core's calls)
 
-    def _read(self, adapter: LoraAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def check(self, adapter: AdapterRef) -> None:
+        """Refuse an adapter for layers this model does not have (a 400 naming ``src``)."""
+        missing = [module for module in adapter.modules if module not in self._linears]
+        if missing:
+            raise BadRequestError(
+                f"adapter {adapter.name!r} targets unknown layers {missing[:5]}", param="src"
+            )
+
+    def _read(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         from safetensors.torch import load_file
 
-        raw = load_file(str(adapter.path / "adapter_model.safetensors"), device="cpu")
+        raw = load_file(str(Path(adapter.path) / "adapter_model.safetensors"), device="cpu")
         factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for layer in adapter.layers:
-            key = (
-                _PEFT_PREFIX + layer.module
-                if _PEFT_PREFIX + layer.module + ".lora_A.weight" in raw
-                else layer.module
-            )
+        for module in adapter.modules:
+            key = _PEFT_PREFIX + module if _PEFT_PREFIX + module + ".lora_A.weight" in raw else module
             a = raw[f"{key}.lora_A.weight"].to(self.dtype)
             b = raw[f"{key}.lora_B.weight"].to(self.dtype)
-            factors[layer.module] = (a, b)
+            factors[module] = (a, b)
         return factors
 
-    def host_weights(self, adapter: LoraAdapter) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def host_weights(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The adapter's factors in host memory (read from disk when not cached)."""
         cached = self._host.get(adapter.int_id)
         if cached is not None:
@@ -204,7 +204,12 @@ class LoraRuntime:
             self._host.popitem(last=False)
         return weights
 
-    def _install(self, adapter: LoraAdapter) -> None:
+    def forget(self, adapter_id: int) -> None:
+        """Drop an adapter's host copy (it was removed)."""
+        self._host.pop(adapter_id, None)
+
+    def install(self, adapter: AdapterRef) -> None:
+        """Put the adapter's factors in its layers (its requests may run from now on)."""
         started = time.perf_counter()
         weights = self.host_weights(adapter)
         for module_name, (a, b) in weights.items():
@@ -221,117 +226,8 @@ class LoraRuntime:
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.loads_total += 1
         self.last_load_ms = (time.perf_counter() - started) * 1000
 
-    def _uninstall(self, adapter_id: int) -> None:
+    def uninstall(self, adapter_id: int) -> None:
         for name in self._patched:
             getattr(self._linears[name], _WEIGHTS_ATTR).pop(adapter_id, None)
-
-    # ------------------------------------------------------------------ event loop: residency
-
-    def _condition(self) -> asyncio.Condition:
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        return self._cond
-
-    async def add(self, adapter: LoraAdapter, preload: bool, pin: bool = False) -> None:
-        """Check ``adapter`` fits the model; ``preload`` reads it into host memory now, ``pin`` also
-        installs it and keeps it resident (it never leaves its slot)."""
-        missing = [layer.module for layer in adapter.layers if layer.module not in self._linears]
-        if missing:
-            raise BadRequestError(
-                f"adapter {adapter.name!r} targets unknown layers {missing[:5]}", param="src"
-            )
-        if pin:
-            if len(self._pinned) + 1 >= self.max_loras:  # one slot stays free, or other adapters wait forever
-                raise BadRequestError(
-                    f"cannot pin adapter {adapter.name!r}: {len(self._pinned)} of option.max_loras="
-                    f"{self.max_loras} slots are pinned and one must stay free for other adapters",
-                    param="pin",
-                )
-            self._pinned.add(adapter.int_id)
-            try:
-                await self.acquire(adapter)
-            except BaseException:
-                self._pinned.discard(adapter.int_id)
-                raise
-            self.release(adapter)
-        elif preload:
-            await asyncio.to_thread(self.host_weights, adapter)
-
-    def remove(self, adapter: LoraAdapter) -> None:
-        """No new request may use ``adapter``; its weights go once its running requests are done."""
-        self._removed.add(adapter.int_id)
-        self._pinned.discard(adapter.int_id)
-        self._host.pop(adapter.int_id, None)
-        if not self._resident.get(adapter.int_id):
-            self._resident.pop(adapter.int_id, None)
-            self._uninstall(adapter.int_id)
-            self._wake()
-
-    async def acquire(self, adapter: LoraAdapter) -> None:
-        """Wait until ``adapter`` is resident and count one more request on it."""
-        cond = self._condition()
-        async with cond:
-            while True:
-                if adapter.int_id in self._removed:
-                    raise NotFoundError(f"adapter {adapter.name!r} was removed", param="adapters")
-                if adapter.int_id in self._resident:
-                    self._resident[adapter.int_id] += 1
-                    self._resident.move_to_end(adapter.int_id)
-                    return
-                if len(self._resident) < self.max_loras or self._evict_idle():
-                    break
-                await cond.wait()
-            self._resident[adapter.int_id] = 1  # reserved; other acquirers wait on the lock meanwhile
-            try:
-                await asyncio.to_thread(self._install, adapter)
-            except BaseException:
-                self._resident.pop(adapter.int_id, None)
-                self._uninstall(adapter.int_id)
-                raise
-
-    def _evict_idle(self) -> bool:
-        for adapter_id, users in self._resident.items():
-            if users == 0 and adapter_id not in self._pinned:
-                del self._resident[adapter_id]
-                self._uninstall(adapter_id)
-                self.evictions_total += 1
-                return True
-        return False
-
-    def release(self, adapter: LoraAdapter) -> None:
-        """One request on ``adapter`` is done (synchronous: safe in any ``finally``)."""
-        users = self._resident.get(adapter.int_id)
-        if users is None:
-            return
-        self._resident[adapter.int_id] = users - 1
-        if users - 1 == 0 and adapter.int_id in self._removed:
-            del self._resident[adapter.int_id]
-            self._uninstall(adapter.int_id)
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._cond is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        task = loop.create_task(self._notify())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _notify(self) -> None:
-        cond = self._condition()
-        async with cond:
-            cond.notify_all()
-
-    def stats(self) -> dict[str, float]:
-        return {
-            "lora_resident": float(len(self._resident)),
-            "lora_host_cached": float(len(self._host)),
-            "lora_loads_total": float(self.loads_total),
-            "lora_evictions_total": float(self.evictions_total),
-        }

@@ -16,11 +16,10 @@ pick the same tokens, with no state to keep in step between processes.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,8 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
-from lmforge.engines.protocol import SamplingParams, StructuredOutput
+from lmforge.engines.lmi_dist.ipc import decode_params, encode_params
+from lmforge.engines.protocol import SamplingParams
 
 if TYPE_CHECKING:
     from lmforge.engines.structured import Grammars
@@ -44,22 +44,14 @@ LORA_KWARG = "lmforge_lora"
 _SEED_STRIDE = 1_000_003
 
 
-def request_kwargs(key: int, params: SamplingParams) -> dict[str, Any]:
-    """The logits-processor kwargs that carry a request's sampling settings."""
-    data = asdict(params)
-    data["stop"] = list(params.stop)  # stop strings are handled by the engine, not here
-    return {KEY_KWARG: key, PARAMS_KWARG: json.dumps(data, sort_keys=True)}
+def request_kwargs(key: int, params: SamplingParams | str) -> dict[str, Any]:
+    """The logits-processor kwargs that carry a request's sampling settings (``params`` may already be
+    encoded by :func:`.ipc.encode_params`)."""
+    raw = params if isinstance(params, str) else encode_params(params)
+    return {KEY_KWARG: key, PARAMS_KWARG: raw}
 
 
-@lru_cache(maxsize=1024)
-def _decode(raw: str) -> SamplingParams:
-    data = json.loads(raw)
-    data["stop"] = tuple(data["stop"])
-    data["logit_bias"] = tuple((int(t), float(b)) for t, b in data.get("logit_bias", ()))
-    data["stop_token_ids"] = tuple(data.get("stop_token_ids", ()))
-    if data.get("structured") is not None:
-        data["structured"] = StructuredOutput(**data["structured"])
-    return SamplingParams(**data)
+_decode = lru_cache(maxsize=1024)(decode_params)
 
 
 @dataclass

@@ -19,16 +19,13 @@ never reused, so a removed adapter's cached weights are never picked up again; t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.limits import check_request_size
 from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
@@ -238,17 +235,8 @@ class TrtllmEngine(EngineBase):
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        self.check_health()
+        params, ids = self.prepare(request)
         assert self.plan is not None
-        params = request.params
-        if params.do_sample and params.seed is None:
-            params = dataclasses.replace(params, seed=random.getrandbits(62))
-        ids = (
-            list(request.prompt)
-            if isinstance(request.prompt, list)
-            else self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        )
-        check_request_size(self.config, len(ids), params.max_new_tokens, self.max_model_len)
         if len(ids) > self.plan.max_input_len:
             raise BadRequestError(
                 f"the prompt has {len(ids)} tokens; the engine was built for at most "
@@ -256,8 +244,6 @@ class TrtllmEngine(EngineBase):
                 param="inputs",
             )
         rid = request.request_id
-        if rid in self._live:
-            raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
         lora = self._loras.get(request.adapter)
         result = self._llm.generate_async(
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
@@ -286,13 +272,15 @@ class TrtllmEngine(EngineBase):
                 if state.finished:
                     return
             if not state.finished:
-                yield state.final(FinishReason.ABORT)
+                for event in state.end(FinishReason.ABORT):
+                    yield event
         except Exception as exc:  # TensorRT-LLM raises a request's error while it is iterated
             log.error("TensorRT-LLM request %s failed: %s: %s", rid, type(exc).__name__, exc)
             if self._executor_down():
                 self._dead = f"{type(exc).__name__}: {exc}"
             status = ERROR_TABLE["engine_dead" if self._dead else "model_error"].status
-            yield state.final(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status)
+            for event in state.end(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status):
+                yield event
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1

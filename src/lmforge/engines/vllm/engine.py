@@ -25,14 +25,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.limits import check_request_size
 from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
@@ -261,23 +259,10 @@ class VllmEngine(EngineBase):
                 f"vLLM refuses this request: {exc}", param=_LMI_FIELD.get(str(name), "parameters")
             ) from None
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        if isinstance(request.prompt, list):
-            return list(request.prompt)
-        ids: list[int] = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        return ids
-
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        self.check_health()
-        params = request.params
-        if params.do_sample and params.seed is None:
-            params = dataclasses.replace(params, seed=random.getrandbits(62))
-        prompt_ids = self._prompt_ids(request)
-        check_request_size(self.config, len(prompt_ids), params.max_new_tokens, self.max_model_len)
+        params, prompt_ids = self.prepare(request)
         sampling = self._sampling_params(params)
         rid = request.request_id
-        if rid in self._live:
-            raise BadRequestError(f"request id {rid!r} is already in flight", param="request_id")
         lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
@@ -302,10 +287,8 @@ class VllmEngine(EngineBase):
                     raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), fallback)) from None
                 while True:
                     if live.aborted:
-                        state.finished = True
-                        yield GenerationEvent(
-                            None, state.prompt_len, state.generated, finish_reason=FinishReason.ABORT
-                        )
+                        for event in state.end(FinishReason.ABORT):
+                            yield event
                         return
                     for event in self._events(output, params, state):
                         yield event
@@ -315,7 +298,10 @@ class VllmEngine(EngineBase):
         except StopAsyncIteration:
             return
         except VllmEngineDead:
-            yield state.final(FinishReason.ERROR, "the vLLM engine died", ERROR_TABLE["engine_dead"].status)
+            for event in state.end(
+                FinishReason.ERROR, "the vLLM engine died", ERROR_TABLE["engine_dead"].status
+            ):
+                yield event
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1

@@ -1,0 +1,331 @@
+"""LMI-Dist's engine core: the model, transformers' batching loop and lmforge's sampler in a process of
+their own (``python -m lmforge.engines.lmi_dist.core``, started by :class:`.client.CoreProcess`).
+
+The server process keeps HTTP, parsing, tokenization, detokenization and stop strings; this process
+only schedules and computes, so the two no longer share one interpreter lock. It reads
+:mod:`.ipc` messages from the frontend on its main thread; transformers' generation thread runs the
+steps and, through :class:`CoreRouter`, sends every step's new tokens of all requests as one message.
+Work that may take a while (compiling a request's grammar, reading an adapter's weights) runs on a
+helper thread, so requests and cancels keep flowing.
+
+It ends with exit code 0 after a :class:`.ipc.Shutdown`; it reports :class:`.ipc.Dead` and exits 1
+when the generation loop or a tensor-parallel rank fails, and exits 1 when the frontend is gone. With
+``option.tensor_parallel_degree`` N it is rank 0 and starts ranks 1..N-1 (:mod:`.distributed`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lmforge.engines.lmi_dist import ipc
+from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.distributed import FollowerGroup
+    from lmforge.engines.lmi_dist.loading import Built
+    from lmforge.engines.lmi_dist.sampler import Record
+
+log = logging.getLogger("lmforge.engines.lmi_dist")
+
+CONFIG_ENV = "LMFORGE_LMI_DIST_CORE_CONFIG"
+REQUESTS_ENV = "LMFORGE_LMI_DIST_CORE_REQUESTS"
+OUTPUTS_ENV = "LMFORGE_LMI_DIST_CORE_OUTPUTS"
+_POLL_MS = 250
+
+
+@dataclass
+class _Track:
+    key: int
+    record: Record
+    top: bool
+    sent: int = 0
+    cancelled: bool = field(default=False)
+
+
+def _router_class() -> type:
+    from transformers.generation.continuous_batching.continuous_api import OutputRouter
+    from transformers.generation.continuous_batching.requests import RequestStatus
+
+    class CoreRouter(OutputRouter):  # type: ignore[misc]
+        """Replaces the manager's router: each step's outputs become one :class:`.ipc.Outputs`."""
+
+        def __init__(self, core: Core) -> None:
+            super().__init__()
+            self.core = core
+            self.tracks: dict[str, _Track] = {}
+
+        def deliver(self, output: Any) -> None:
+            self.deliver_batch([output])
+
+        def deliver_batch(self, outputs: list[Any]) -> None:
+            items = []
+            for output in outputs:
+                if output.status == RequestStatus.FAILED and self.core.loop_ending():
+                    continue  # the loop is dying: every request learns why from the Dead message
+                track = self.tracks.get(output.request_id)
+                if track is None:
+                    continue  # cancelled: nobody listens
+                generated = output.generated_tokens
+                new = generated[track.sent :]
+                end = track.sent + len(new)
+                logprobs = track.record.logprobs[track.sent : end]
+                logprobs += [float("nan")] * (len(new) - len(logprobs))
+                top = track.record.top[track.sent : end] if track.top else None
+                track.sent = end
+                status = ipc.RUNNING
+                if output.status == RequestStatus.FINISHED:
+                    status = ipc.FINISHED
+                elif output.status == RequestStatus.FAILED:
+                    status = ipc.FAILED
+                if status != ipc.RUNNING:
+                    self.core.forget(output.request_id)
+                error = str(output.error) if status == ipc.FAILED else None
+                items.append(ipc.Out(output.request_id, new, logprobs, top, status, error))
+            if items:
+                self.core.send(ipc.Outputs(items))
+
+    return CoreRouter
+
+
+class Core:
+    def __init__(self, config: ServingConfig, push: Any) -> None:
+        self.config = config
+        self._push = push
+        self._send_lock = threading.Lock()
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="lmi-dist-core-helper")
+        self.built: Built | None = None
+        self.followers: FollowerGroup | None = None
+        self.router: Any = None
+        self.stopping = False
+
+    def send(self, message: Any) -> None:
+        with self._send_lock:
+            self._push.send(ipc.encode(message), copy=False)
+
+    # ------------------------------------------------------------------ start
+
+    def load(self) -> None:
+        from lmforge.engines.lmi_dist.distributed import FollowerGroup, tensor_parallel_size
+        from lmforge.engines.lmi_dist.loading import build
+
+        world = tensor_parallel_size(self.config)
+        if world > 1:
+            self.followers = FollowerGroup(self.config, world)
+        try:
+            built = build(self.config)
+        except BaseException:
+            if self.followers is not None:
+                for proc in self.followers.procs:
+                    proc.kill()
+            raise
+        self.router = _router_class()(self)
+        built.manager.output_router = self.router
+        if built.manager.batch_processor is not None:  # made by the warm-up; start() reuses it
+            built.manager.batch_processor.output_router = self.router
+        built.manager.start()
+        self.built = built
+        plan = asdict(built.plan)
+        self.send(
+            ipc.Ready(
+                max_model_len=built.max_model_len,
+                eos_ids=built.eos_ids,
+                vocab_size=built.vocab_size,
+                plan={k: v for k, v in plan.items() if isinstance(v, (int, float, str))},
+                lora_layers=built.lora.layers() if built.lora is not None else {},
+                pid=os.getpid(),
+            )
+        )
+
+    # ------------------------------------------------------------------ messages
+
+    def serve(self, pull: Any) -> int:
+        """Handle the frontend's messages until shutdown (0) or a failure (1)."""
+        import zmq
+
+        parent = os.getppid()
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        while True:
+            if poller.poll(_POLL_MS):
+                while True:
+                    try:
+                        raw = pull.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    message = ipc.to_core.decode(raw.buffer)
+                    if isinstance(message, ipc.Shutdown):
+                        self.stop()
+                        return 0
+                    self.handle(message)
+            failure = self.failure()
+            if failure is not None:
+                log.error("lmi-dist engine core: %s", failure)
+                self.send(ipc.Dead(failure))
+                self.stop()
+                return 1
+            if os.getppid() != parent:
+                log.error("lmi-dist engine core: the server process is gone; exiting")
+                self.stop()
+                return 1
+
+    def handle(self, message: ipc.Add | ipc.Cancel | ipc.Call) -> None:
+        if isinstance(message, ipc.Add):
+            self.add(message)
+        elif isinstance(message, ipc.Cancel):
+            track = self.router.tracks.get(message.rid)
+            if track is not None:
+                track.cancelled = True
+            self.forget(message.rid)
+            assert self.built is not None
+            self.built.manager.cancel_request(message.rid)
+        else:
+            self._helper.submit(self.call, message)
+
+    def add(self, message: ipc.Add) -> None:
+        from lmforge.engines.lmi_dist.sampler import LORA_KWARG, _decode, request_kwargs
+
+        assert self.built is not None
+        params = _decode(message.params)
+        key, record = self.built.sampler.register()
+        track = _Track(key, record, params.top_n_logprobs > 0)
+        self.router.tracks[message.rid] = track
+        kwargs = request_kwargs(key, message.params)
+        if message.lora:
+            kwargs[LORA_KWARG] = message.lora
+        manager = self.built.manager
+
+        def submit() -> None:
+            manager.add_request(
+                message.prompt,
+                request_id=message.rid,
+                max_new_tokens=params.max_new_tokens,
+                streaming=True,
+                eos_token_id=message.ends or -1,
+                **kwargs,
+            )
+
+        if params.structured is None:
+            submit()
+            return
+        constraint, sampler = params.structured, self.built.sampler
+
+        def compile_then_submit() -> None:  # compiling may take seconds: off the message loop
+            try:
+                sampler.grammars.compile(constraint)
+            except LmforgeError as err:
+                self.forget(message.rid)
+                self.send(
+                    ipc.Outputs([ipc.Out(message.rid, [], [], None, ipc.REJECTED, err.message, err.param)])
+                )
+                return
+            if not track.cancelled:
+                submit()
+
+        self._helper.submit(compile_then_submit)
+
+    def forget(self, rid: str) -> None:
+        track = self.router.tracks.pop(rid, None)
+        if track is not None and self.built is not None:
+            self.built.sampler.remove(track.key)
+
+    def call(self, message: ipc.Call) -> None:
+        try:
+            assert self.built is not None
+            lora = self.built.lora
+            value: Any = None
+            if message.method == "stats":
+                value = lora.stats() if lora is not None else {}
+            elif lora is None:
+                raise LmforgeError("LoRA adapters are not enabled in the engine core")
+            elif message.method in ("install", "preload"):
+                ref = ipc.AdapterRef.from_wire(message.args["adapter"])
+                lora.check(ref)
+                if message.method == "install":
+                    lora.install(ref)
+                else:
+                    lora.host_weights(ref)
+                value = {"load_ms": lora.last_load_ms}
+            elif message.method == "uninstall":
+                lora.uninstall(int(message.args["adapter_id"]))
+            elif message.method == "forget":
+                lora.forget(int(message.args["adapter_id"]))
+            else:
+                raise LmforgeError(f"unknown engine-core call {message.method!r}")
+        except LmforgeError as err:
+            self.send(ipc.Reply(message.call_id, None, err.message, err.kind, err.param))
+        except Exception as exc:  # a file that cannot be read, ...: the caller's error, not the core's
+            self.send(ipc.Reply(message.call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
+        else:
+            self.send(ipc.Reply(message.call_id, value))
+
+    # ------------------------------------------------------------------ health and stop
+
+    def failure(self) -> str | None:
+        """Why the core cannot go on (a dead rank, a fatal loop error), or None."""
+        # A dead rank also breaks the loop's collectives; name the rank, the cause, first.
+        if self.followers is not None and (failure := self.followers.failure()) is not None:
+            return failure
+        assert self.built is not None
+        manager = self.built.manager
+        fatal = manager.background_thread_status.fatal_error
+        if fatal is not None:
+            return f"{type(fatal).__name__}: {fatal}"
+        if not manager.is_running():
+            return "the generation thread exited"
+        return None
+
+    def loop_ending(self) -> bool:
+        """The generation loop is hard-stopping and nobody asked it to (a fatal error on its way)."""
+        status = self.built.manager.background_thread_status if self.built is not None else None
+        return not self.stopping and status is not None and status.local_status >= status.HARD_STOP
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.built is not None:
+            self.built.manager.stop(block=True, timeout=10, hard_stop=True)
+        if self.followers is not None:
+            self.followers.stop()
+        self._helper.shutdown(wait=False, cancel_futures=True)
+
+
+def main() -> int:
+    import zmq
+
+    from lmforge.config import ServingConfig
+
+    logging.basicConfig(
+        level=os.environ.get("LMFORGE_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.connect(os.environ[REQUESTS_ENV])
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.connect(os.environ[OUTPUTS_ENV])
+    core = Core(config, push)
+    try:
+        core.load()
+    except BaseException as exc:
+        reason = exc.message if isinstance(exc, LmforgeError) else f"{type(exc).__name__}: {exc}"
+        log.exception("lmi-dist engine core failed to start")
+        core.send(ipc.Dead(reason))
+        code = 2 if isinstance(exc, LmforgeError) else 1
+    else:
+        code = core.serve(pull)
+    push.close()
+    pull.close(linger=0)
+    context.term()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
