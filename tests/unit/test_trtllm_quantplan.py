@@ -243,3 +243,15 @@ def test_dry_run_shows_a_quantization_plan_for_13_and_an_engine_plan_for_12(tmp_
     assert bad.exit_code == 2 and "--trtllm-version" in bad.stderr
     only_plans = runner.invoke(main, ["compile", str(folder), "--output", "x", "--trtllm-version", "1.2.1"])
     assert only_plans.exit_code == 2 and "only plan (--dry-run)" in only_plans.output
+
+
+def test_config_show_says_which_path_and_why(tmp_path: Path) -> None:
+    from lmforge.cli import main
+
+    folder = _folder(tmp_path)
+    (folder / "serving.properties").write_text("option.rolling_batch=trtllm\n")
+    shown = CliRunner().invoke(main, ["config", "show", str(folder)])
+    assert shown.exit_code == 0, shown.output
+    path_line = next(line for line in shown.stdout.splitlines() if "trtllm path:" in line)
+    assert "PyTorch-backend path (TensorRT-LLM not installed here; planning for 1.3.0rc29" in path_line
+    assert "no TensorRT engine builder" in path_line
