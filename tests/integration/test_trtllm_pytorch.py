@@ -313,6 +313,36 @@ def test_concurrent_jit_of_one_key_builds_once(
     assert any("waiting for pid" in o and "meanwhile" in o for o in outputs), outputs
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("quantize", "kv", "algos"), [("fp8", "fp8", ("FP8", "FP8")), ("awq", "auto", ("W4A16_AWQ", None))]
+)
+def test_real_modelopt_quantizes_the_example_model(
+    tiny_model: Path, tmp_path: Path, quantize: str, kv: str, algos: tuple[str, str | None]
+) -> None:
+    """Where NVIDIA ModelOpt is installed (pip install 'nvidia-modelopt[torch]'; it runs on CPU too): the
+    quantization child with the real mtq.quantize / export_hf_checkpoint writes the checkpoint TensorRT-LLM
+    loads."""
+    modelopt = pytest.importorskip("modelopt")
+    if str(getattr(modelopt, "__file__", "")).startswith(str(FAKES)):
+        pytest.skip("the fake ModelOpt is on the path")
+    pytest.importorskip("modelopt.torch.quantization")
+    from lmforge.config import ServingConfig
+    from lmforge.engines.trtllm.quantize import quantize_checkpoint
+    from lmforge.engines.trtllm.quantplan import checkpoint_quantization, make_quant_plan
+
+    extra = {"kv_cache_dtype": kv, "calib_size": "4", "calib_seq_len": "64"}
+    plan = make_quant_plan(
+        ServingConfig(model_dir=tiny_model, quantize=quantize), extra, trtllm_version="1.3.0rc29"
+    )
+    out = quantize_checkpoint(plan, tiny_model, tmp_path / "q", timeout_s=900, progress=print)
+    assert checkpoint_quantization(out) == algos
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["quant_algo"] == algos[0]
+    recorded = json.loads((out / "lmforge-trtllm-quant-plan.json").read_text())
+    assert recorded["modelopt_version"] == modelopt.__version__ and (out / "tokenizer.json").is_file()
+
+
 # ---------------------------------------------------------------------- real TensorRT-LLM (GPU only)
 
 
