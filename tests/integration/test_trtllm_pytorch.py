@@ -361,12 +361,15 @@ def _real_trtllm(minimum: tuple[int, int] | None, maximum: tuple[int, int] | Non
     return trtllm
 
 
-def _greedy_like_transformers(model: Path, url: str, prompt: str, n: int) -> None:
+def _greedy_like_transformers(model: Path, url: str, prompt: str, n: int, dtype: str) -> None:
+    """The server's greedy tokens equal transformers' for the same model in the same dtype (on the GPU)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    ref = AutoModelForCausalLM.from_pretrained(model)
-    ids = tok(prompt, return_tensors="pt").input_ids
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    ref = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).to("cuda")
+    ids = tok(prompt, return_tensors="pt").input_ids.to("cuda")
     want = ref.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1] :].tolist()
     body = {"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True, "ignore_eos_token": True}}
     got = [
@@ -380,9 +383,9 @@ def test_real_pytorch_path_quantizes_serves_and_streams_smollm2(smollm2_model: P
     """TensorRT-LLM >= 1.3 with ModelOpt: the 135 M model served unquantized (greedy tokens equal to
     transformers'), then quantized to FP8 by `lmforge compile` and served from the checkpoint, streaming."""
     _real_trtllm((1, 3), None)
-    folder = _model(smollm2_model, tmp_path / "m", "option.dtype=fp32\n")
+    folder = _model(smollm2_model, tmp_path / "m", "option.dtype=bf16\n")
     with RemoteServer(folder, startup_timeout=1800) as server:
-        _greedy_like_transformers(smollm2_model, server.url, "def fibonacci(n):", 16)
+        _greedy_like_transformers(smollm2_model, server.url, "def fibonacci(n):", 8, "bf16")
     (folder / "serving.properties").write_text(
         "option.rolling_batch=trtllm\noption.quantize=fp8\noption.calib_size=64\noption.dtype=bf16\n"
     )
@@ -409,4 +412,4 @@ def test_real_engine_path_builds_serves_and_streams_smollm2(smollm2_model: Path,
     proc = subprocess.run([sys.executable, "-m", "lmforge", "compile", str(folder), "--output", str(out)])
     assert proc.returncode == 0
     with RemoteServer(out, startup_timeout=1800) as server:
-        _greedy_like_transformers(smollm2_model, server.url, "def fibonacci(n):", 16)
+        _greedy_like_transformers(smollm2_model, server.url, "def fibonacci(n):", 16, "fp32")
