@@ -55,7 +55,9 @@ def test_auto_takes_tensorrt_llm_first_on_an_nvidia_gpu(machine: dict[str, objec
     machine["vllm_build"] = "vllm"
     machine["gpus"] = 1
     assert select_backend("auto").name == "trtllm"
-    assert explain_choice("auto")[1] == "vllm: also possible (later in auto's order)"
+    lines = explain_choice("auto")
+    assert lines[1].startswith("trtllm path: PyTorch-backend path (TensorRT-LLM not installed here; planning")
+    assert lines[2] == "vllm: also possible (later in auto's order)"
 
 
 def test_auto_with_nothing_that_runs_says_why_for_each(machine: dict[str, object]) -> None:
@@ -70,10 +72,12 @@ def test_a_named_backend_is_taken_as_named_and_its_hardware_problem_said(machine
     """Named backends are not refused for the hardware (their fakes run on CPUs); show says it."""
     machine["installed"] = {"trtllm", "lmi-dist"}
     assert select_backend("trtllm").name == "trtllm"
-    assert explain_choice("trtllm") == [
+    named, path = explain_choice("trtllm")
+    assert named == (
         "trtllm: named by option.rolling_batch; "
         "but TensorRT-LLM runs on NVIDIA GPUs and this machine has none"
-    ]
+    )
+    assert path.startswith("trtllm path: PyTorch-backend path") and "the tensorrt-llm image pins" in path
     refused = explain_choice("vllm")[0]
     assert refused.startswith("vllm: cannot start here: option.rolling_batch=vllm needs vllm")
 

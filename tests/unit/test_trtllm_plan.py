@@ -208,12 +208,23 @@ def test_dry_run_cli(tmp_path: Path) -> None:
     (folder / "serving.properties").write_text(
         "option.rolling_batch=trtllm\noption.quantize=awq\noption.max_model_len=4096\n"
     )
-    result = CliRunner().invoke(main, ["compile", str(folder), "--dry-run", "--gpu-arch", "sm90", "--json"])
+    result = CliRunner().invoke(
+        main,
+        ["compile", str(folder), "--dry-run", "--gpu-arch", "sm90", "--json", "--trtllm-version", "1.2.1"],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["quant_algo"] == "W4A16_AWQ" and data["max_seq_len"] == 4096 and len(data["cache_key"]) == 24
-    text = CliRunner().invoke(main, ["compile", str(folder), "--dry-run", "--gpu-arch", "sm90"]).stdout
+    text = (
+        CliRunner()
+        .invoke(
+            main, ["compile", str(folder), "--dry-run", "--gpu-arch", "sm90", "--trtllm-version", "1.2.1"]
+        )
+        .stdout
+    )
     assert "W4A16_AWQ" in text and "cache key" in text
     (folder / "serving.properties").write_text("option.quantize=fp8\n")
-    bad = CliRunner().invoke(main, ["compile", str(folder), "--dry-run", "--gpu-arch", "sm80"])
+    bad = CliRunner().invoke(
+        main, ["compile", str(folder), "--dry-run", "--gpu-arch", "sm80", "--trtllm-version", "1.2.1"]
+    )
     assert bad.exit_code == 2 and "FP8 needs a GPU of sm89" in bad.stderr

@@ -11,7 +11,7 @@ from typing import Any
 
 from lmforge import __version__
 
-FLAVOURS = ("cpu", "vllm-cpu", "lmi-dist", "vllm", "tensorrt-llm")
+FLAVOURS = ("cpu", "vllm-cpu", "lmi-dist", "vllm", "tensorrt-llm", "tensorrt-llm-1.2")
 #: template -> the rendered file in containers/<flavour>/
 TEMPLATES = {
     "Dockerfile.j2": "Dockerfile",

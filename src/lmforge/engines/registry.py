@@ -33,7 +33,8 @@ class BackendUnavailableError(LmforgeError):
 class Backend:
     name: str
     engine_class: str | None
-    """``module:Class`` of the implementation; None while the backend is not part of this release."""
+    """``module:Class`` of the implementation (or ``module:factory`` taking the same arguments); None
+    while the backend is not part of this release."""
     probe_modules: tuple[str, ...]
     extra: str
     hardware: Callable[[], str | None] = field(default=lambda: None, compare=False)
@@ -86,7 +87,11 @@ def _vllm_hardware() -> str | None:
 BACKENDS: dict[str, Backend] = {
     "vllm": Backend("vllm", "lmforge.engines.vllm.engine:VllmEngine", ("vllm",), "vllm", _vllm_hardware),
     "trtllm": Backend(
-        "trtllm", "lmforge.engines.trtllm.engine:TrtllmEngine", ("tensorrt_llm",), "trtllm", _trtllm_hardware
+        "trtllm",
+        "lmforge.engines.trtllm.version_gate:create_engine",
+        ("tensorrt_llm",),
+        "trtllm",
+        _trtllm_hardware,
     ),
     "lmi-dist": Backend(
         "lmi-dist", "lmforge.engines.lmi_dist.engine:LmiDistEngine", ("torch", "transformers"), "lmi-dist"
@@ -117,13 +122,14 @@ def explain_choice(rolling_batch: str) -> list[str]:
     if rolling_batch == "disable":
         return ["disable: no rolling batch; the model folder's model.py (or option.entryPoint) serves"]
     if rolling_batch != "auto":
+        path = [_trtllm_path()] if rolling_batch == "trtllm" else []
         try:
             backend = select_backend(rolling_batch)
         except BackendUnavailableError as exc:
-            return [f"{rolling_batch}: cannot start here: {exc}"]
+            return [f"{rolling_batch}: cannot start here: {exc}", *path]
         problem = backend.hardware()
         warning = f"; but {problem}" if problem else ""
-        return [f"{backend.name}: named by option.rolling_batch{_build_note(backend)}{warning}"]
+        return [f"{backend.name}: named by option.rolling_batch{_build_note(backend)}{warning}", *path]
     lines: list[str] = []
     chosen = False
     for backend, problem in _auto_verdicts():
@@ -131,12 +137,21 @@ def explain_choice(rolling_batch: str) -> list[str]:
             lines.append(f"{backend.name}: skipped: {problem}")
         elif not chosen:
             lines.append(f"{backend.name}: chosen{_build_note(backend)}")
+            if backend.name == "trtllm":
+                lines.append(_trtllm_path())
             chosen = True
         else:
             lines.append(f"{backend.name}: also possible (later in auto's order)")
     if not chosen:
         lines.append("no backend can run here: option.rolling_batch=auto fails at start")
     return lines
+
+
+def _trtllm_path() -> str:
+    """Which TensorRT-LLM path serves here, and why (the installed release decides)."""
+    from lmforge.engines.trtllm.version_gate import choose
+
+    return f"trtllm path: {choose().describe()}"
 
 
 def _build_note(backend: Backend) -> str:

@@ -6,7 +6,8 @@ into place only when complete, with the plan recorded in it (``lmforge-trtllm-pl
 either holds a whole engine for a known plan or nothing.
 
 JIT engines are cached under ``<cache>/trtllm/<plan cache key>``; the key covers every build option,
-the model and revision, the GPU architecture and the TensorRT-LLM version.
+the model and revision, the GPU architecture and the TensorRT-LLM version. Processes that need the same
+key at once build it once (:func:`.lock.build_lock`); the others wait and reuse it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from lmforge.engines.trtllm.lock import build_lock
 from lmforge.engines.trtllm.plan import PLAN_FILE, BuildPlan, read_plan
 from lmforge.errors import LmforgeError
 
@@ -80,17 +82,49 @@ def compile_engine(
     python: str = sys.executable,
 ) -> Path:
     """Build ``plan`` from the Hugging Face folder ``source`` into ``output``; CompileError on failure."""
-    output = output.resolve()
-    staging = output.with_name(f".{output.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    plan_path = staging / PLAN_FILE
-    plan_path.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-    cmd = [python, "-m", "lmforge.engines.trtllm.build", str(plan_path), str(source), str(staging)]
     progress(
         f"compiling {plan.model_id} with TensorRT-LLM {plan.trtllm_version} (key {plan.cache_key()}); "
         f"deadline {timeout_s:.0f} s"
     )
+    return run_child(
+        "lmforge.engines.trtllm.build",
+        PLAN_FILE,
+        plan.to_dict(),
+        source,
+        output,
+        timeout_s=timeout_s,
+        progress=progress,
+        label="TensorRT-LLM build",
+        tag="trtllm-build",
+        done=is_compiled,
+        python=python,
+    )
+
+
+def run_child(
+    module: str,
+    plan_file: str,
+    plan: dict[str, object],
+    source: Path,
+    output: Path,
+    *,
+    timeout_s: float,
+    progress: Callable[[str], None],
+    label: str,
+    tag: str,
+    done: Callable[[Path], bool],
+    python: str = sys.executable,
+) -> Path:
+    """Run ``python -m module PLAN SOURCE STAGING`` within ``timeout_s``, its output shown as progress,
+    and move the staging folder to ``output`` once ``done(staging)`` holds; CompileError otherwise. The
+    plan is recorded in the output as ``plan_file``; tokenizer files are carried over from ``source``."""
+    output = output.resolve()
+    staging = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    plan_path = staging / plan_file
+    plan_path.write_text(json.dumps(plan, indent=2) + "\n")
+    cmd = [python, "-m", module, str(plan_path), str(source), str(staging)]
     started = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=40)
     proc = subprocess.Popen(
@@ -101,22 +135,21 @@ def compile_engine(
         deadline = started + timeout_s
         for line in _lines(proc, deadline):
             tail.append(line)
-            progress(f"[trtllm-build] {line}")
+            progress(f"[{tag}] {line}")
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise CompileError(
-                f"the TensorRT-LLM build did not finish within {timeout_s:.0f} s "
-                "(option.model_loading_timeout); compile ahead of time with `lmforge compile` and deploy "
-                "the engine instead. Last output:\n" + "\n".join(tail)
+                f"the {label} did not finish within {timeout_s:.0f} s "
+                "(option.model_loading_timeout); run it ahead of time with `lmforge compile` and deploy "
+                "its output instead. Last output:\n" + "\n".join(tail)
             )
         if proc.returncode != 0:
             raise CompileError(
-                f"the TensorRT-LLM build failed (exit code {proc.returncode}). Its output:\n"
-                + "\n".join(tail)
+                f"the {label} failed (exit code {proc.returncode}). Its output:\n" + "\n".join(tail)
             )
-        if not is_compiled(staging):
-            raise CompileError(f"the TensorRT-LLM build finished but wrote no engine into {staging}")
+        if not done(staging):
+            raise CompileError(f"the {label} finished but left no usable output in {staging}")
         for name in _CARRY:
             if (source / name).is_file() and not (staging / name).exists():
                 shutil.copy2(source / name, staging / name)
@@ -129,7 +162,7 @@ def compile_engine(
             proc.wait()
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    progress(f"compiled in {time.monotonic() - started:.0f} s into {output}")
+    progress(f"done in {time.monotonic() - started:.0f} s: {output}")
     return output
 
 
@@ -179,7 +212,17 @@ def ensure_engine(
         progress(f"serving the precompiled engine in {model_folder}")
         return model_folder
     cached = cache_dir(plan)
-    if is_compiled(cached) and (read_plan(cached) or {}).get("cache_key") == plan.cache_key():
+
+    def ready() -> bool:
+        return is_compiled(cached) and (read_plan(cached) or {}).get("cache_key") == plan.cache_key()
+
+    if ready():
         progress(f"reusing the engine compiled earlier for this plan: {cached}")
         return cached
-    return compile_engine(plan, model_folder, cached, timeout_s=timeout_s, progress=progress)
+    started = time.monotonic()
+    with build_lock(cached, timeout_s=timeout_s, progress=progress):  # one build per key across processes
+        if ready():
+            progress(f"another process compiled this plan meanwhile: {cached}")
+            return cached
+        left = max(1.0, timeout_s - (time.monotonic() - started))
+        return compile_engine(plan, model_folder, cached, timeout_s=left, progress=progress)

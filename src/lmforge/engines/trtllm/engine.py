@@ -55,9 +55,12 @@ class TrtllmEngine(EngineBase):
         api: TrtllmApi | None = None,
     ) -> None:
         super().__init__(config, extra_options)
-        self._api = api
+        self._api: Any = api  # TrtllmApi here; the >= 1.3 subclass keeps its own API object in it
         self._llm: Any = None
         self.plan: BuildPlan | None = None
+        self.max_input_len: int | None = None
+        """The longest prompt the engine takes (the built ``max_input_len``), None: only max_model_len."""
+        self.max_lora_rank: int | None = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
         self._live: dict[str, Any] = {}
@@ -109,6 +112,8 @@ class TrtllmEngine(EngineBase):
         if self._tokenizer.eos_token_id is not None:
             self._eos_ids = {int(self._tokenizer.eos_token_id)}
         self.max_model_len = plan.max_seq_len
+        self.max_input_len = plan.max_input_len
+        self.max_lora_rank = plan.max_lora_rank
         self.load_seconds = time.monotonic() - started
         log.info("TensorRT-LLM engine ready in %.1f s (%s)", self.load_seconds, engine_dir)
 
@@ -171,11 +176,11 @@ class TrtllmEngine(EngineBase):
     async def add_adapter(self, adapter: LoraAdapter) -> None:
         self._lora_enabled()
         self.check_health()
-        assert self._api is not None and self.plan is not None
-        if self.plan.max_lora_rank is not None and adapter.rank > self.plan.max_lora_rank:
+        assert self._api is not None
+        if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:
             raise BadRequestError(
                 f"adapter {adapter.name!r} has rank {adapter.rank}; the engine was built for at most "
-                f"{self.plan.max_lora_rank} (option.max_lora_rank)",
+                f"{self.max_lora_rank} (option.max_lora_rank)",
                 param="src",
             )
         if adapter.options.get("pin") not in (None, False, "false", "0"):
@@ -236,11 +241,10 @@ class TrtllmEngine(EngineBase):
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, ids = self.prepare(request)
-        assert self.plan is not None
-        if len(ids) > self.plan.max_input_len:
+        if self.max_input_len is not None and len(ids) > self.max_input_len:
             raise BadRequestError(
-                f"the prompt has {len(ids)} tokens; the engine was built for at most "
-                f"{self.plan.max_input_len} (option.max_input_len)",
+                f"the prompt has {len(ids)} tokens; the engine takes at most "
+                f"{self.max_input_len} (option.max_input_len)",
                 param="inputs",
             )
         rid = request.request_id

@@ -32,6 +32,12 @@ class TrtllmOptions:
 _RUNTIME_ONLY = frozenset({"enable_kv_cache_reuse", "kv_cache_free_gpu_mem_fraction"})
 _IGNORED = frozenset({"entryPoint", "model_dir"})
 
+#: options of the TensorRT-LLM >= 1.3 path (:mod:`.pt_options`), refused here with the reason
+PYTORCH_PATH_ONLY = frozenset(
+    {"calib_dataset", "calib_seq_len", "cuda_graph", "cuda_graph_max_batch_size", "cuda_graph_padding",
+     "torch_compile", "trtllm_async_llm"}
+)  # fmt: skip
+
 
 def _typed(name: str, text: str, default: Any) -> Any:
     if isinstance(default, bool):
@@ -62,6 +68,12 @@ def parse_options(extra: Mapping[str, str]) -> tuple[TrtllmOptions, list[str]]:
         if name in _IGNORED:
             continue
         key = name.replace("-", "_")
+        if key in PYTORCH_PATH_ONLY:
+            problems.append(
+                f"option.{name} is for TensorRT-LLM >= 1.3 (the PyTorch backend: CUDA graphs, torch.compile, "
+                "ModelOpt calibration); this TensorRT-LLM builds TensorRT engines, which do not take it"
+            )
+            continue
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f"; did you mean option.{close[0]}?" if close else ""

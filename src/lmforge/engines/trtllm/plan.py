@@ -168,7 +168,12 @@ def make_plan(
     calib: int | None = None
     method = (config.quantize or "").lower() or None
     if method is not None:
-        if method not in QUANT_ALGOS:
+        if method == "nvfp4":
+            problems.append(
+                "option.quantize=nvfp4 needs TensorRT-LLM >= 1.3 (ModelOpt NVFP4 checkpoints); this "
+                "TensorRT-LLM builds TensorRT engines"
+            )
+        elif method not in QUANT_ALGOS:
             close = difflib.get_close_matches(method, list(QUANT_ALGOS), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             problems.append(

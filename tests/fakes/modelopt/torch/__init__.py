@@ -1,0 +1,1 @@
+"""FAKE modelopt.torch (tests only)."""

@@ -1,0 +1,1 @@
+"""FAKE tensorrt_llm._torch (tests only)."""

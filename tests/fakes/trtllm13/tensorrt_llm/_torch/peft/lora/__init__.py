@@ -1,0 +1,1 @@
+"""FAKE tensorrt_llm._torch.peft.lora (tests only)."""
