@@ -28,7 +28,7 @@ from lmforge.engines.base import EngineBase
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.lmi_dist.events import Live, output_events, terminal_event
 from lmforge.engines.lmi_dist.loading import build
-from lmforge.engines.protocol import GenerationEvent, GenerationRequest
+from lmforge.engines.protocol import GenerationEvent, GenerationRequest, Token
 from lmforge.errors import BadRequestError, EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
@@ -182,6 +182,20 @@ class LmiDistEngine(EngineBase):
     def _validate(self, prompt_len: int, max_new: int) -> None:
         check_request_size(self.config, prompt_len, max_new, self.max_model_len)
 
+    async def _score_prompt(self, ids: list[int], top_n: int | None) -> list[Token] | None:
+        """The prompt's log-probs when asked (:mod:`.prompt_scores`), computed off the event loop."""
+        if top_n is None:
+            return None
+        if self._lora is not None or self._followers is not None:
+            raise BadRequestError(
+                "echo with logprobs (the prompt's log-probs) is not available on lmi-dist with "
+                "option.enable_lora=true or tensor parallelism; use option.rolling_batch=vllm",
+                param="echo",
+            )
+        from lmforge.engines.lmi_dist.prompt_scores import score_prompt
+
+        return await asyncio.to_thread(score_prompt, self._model, self._tokenizer, ids, top_n)
+
     async def abort(self, request_id: str) -> None:
         live = self._live.get(request_id)
         if live is not None and live.dead_error is None:
@@ -199,6 +213,7 @@ class LmiDistEngine(EngineBase):
             params = dataclasses.replace(params, seed=random.getrandbits(62))
         prompt_ids = self._tokenize(request)
         self._validate(len(prompt_ids), params.max_new_tokens)
+        scored = await self._score_prompt(prompt_ids, params.prompt_logprobs)
         if params.structured is not None:  # compiled off the event loop, before the step needs it
             sampler, constraint = self._sampler, params.structured
             await asyncio.to_thread(lambda: sampler.grammars.compile(constraint))
@@ -263,6 +278,8 @@ class LmiDistEngine(EngineBase):
             async for event in events:
                 if event.finished:
                     finished = True
+                if scored is not None:  # the first event carries the prompt's log-probs
+                    event.prompt_logprobs, scored = scored, None
                 yield event
         finally:
             if waiting:
