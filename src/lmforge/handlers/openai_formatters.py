@@ -47,7 +47,7 @@ def failure(event: GenerationEvent) -> LmforgeError | None:
     if reason is None or OPENAI_FINISH_REASON[reason] is not None:
         return None
     if reason is FinishReason.ABORT:
-        return NotReadyError("the engine aborted the request before it finished; retry it")
+        return NotReadyError("the engine aborted the request before it finished; retry it", retry_after=1)
     return error_for_status(event.error_status, event.error or "generation failed")
 
 
