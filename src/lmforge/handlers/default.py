@@ -82,6 +82,15 @@ class DefaultHandler:
             names.add(self.config.model_dir.name)
         return names
 
+    def _unknown_model(self, named: str) -> NotFoundError:
+        """vLLM's 404 for a ``model`` that is neither the served model nor a registered adapter."""
+        names = ", ".join(sorted(self._served_names()))
+        adapters = [a.name for a in self.adapters.all()] if self.adapters is not None else []
+        also = f"; adapters: {', '.join(adapters[:20])}" if adapters else ""
+        return NotFoundError(
+            f"The model `{named}` does not exist. Valid aliases: {names}{also}.", param="model"
+        )
+
     def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
         """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
         (``adapters``) or ``?adapter=``."""
@@ -103,14 +112,11 @@ class DefaultHandler:
             named = wanted["model"]
             if named in self._served_names():
                 del wanted["model"]  # the OpenAI model field names the served model, not an adapter
-            elif self.adapters is None:
+            elif self.adapters is None or self.adapters.find(named) is None:
                 if inputs.route in OPENAI_ROUTES:
-                    names = ", ".join(sorted(self._served_names()))
-                    raise NotFoundError(
-                        f"The model `{named}` does not exist. Valid aliases: {names}.", param="model"
-                    )
-                # /invocations: SageMaker routes by endpoint, and its clients send any model name
-                del wanted["model"]
+                    raise self._unknown_model(named)
+                if self.adapters is None:  # /invocations: SageMaker routes by endpoint, and its
+                    del wanted["model"]  # clients send any model name
         if not wanted:
             return None
         if len(set(wanted.values())) > 1:
