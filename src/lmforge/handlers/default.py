@@ -71,10 +71,8 @@ class DefaultHandler:
         return self._token_text
 
     def _served_names(self) -> set[str]:
-        """Names an OpenAI request's ``model`` may give for the base model: ``model``, the served name
-        (as ``/v1/models`` lists it), ``option.model_id`` and the model folder's name; an empty or
-        missing ``model`` means the base model too. Any other name must be a registered adapter (LoRA
-        on), else it is a 404 on the ``/v1`` routes, as in vLLM's server."""
+        """Names an OpenAI ``model`` may give for the base model (``/v1/models``'s name, ``model``,
+        ``option.model_id``, the folder's name; or none). Others: an adapter, else vLLM's 404 on /v1."""
         names = {"model", self.engine.model_name}
         if self.config.model_id:
             names.add(self.config.model_id)
