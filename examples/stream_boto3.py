@@ -57,6 +57,10 @@ def main() -> int:
     else:
         print(args.prompt, end="", flush=True)
     for obj in iter_stream_objects(response["Body"]):
+        if obj.get("error") is not None:  # a failure after the stream started: its last line
+            error = obj["error"]
+            print(f"\n[the endpoint stopped the stream: {error.get('message', error)}]", file=sys.stderr)
+            return 1
         if args.chat:
             choice = obj["choices"][0]
             print(choice["delta"].get("content") or "", end="", flush=True)

@@ -100,7 +100,43 @@ def check_openai_client(
     assert sampled.usage is not None and sampled.usage.completion_tokens >= 1
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model, prompt=PROMPT, max_tokens=4, extra_body={"min_tokens": 5})
+    # OpenAI's error object, as vLLM's server sends it: the client reads body, code, param and type
+    body = caught.value.body
+    assert isinstance(body, dict) and set(body) == {"message", "type", "param", "code"}, body
+    assert (caught.value.code, caught.value.param, caught.value.type) == (
+        "400",
+        "min_tokens",
+        "BadRequestError",
+    )
     assert "min_tokens" in str(caught.value)
+    # a model the server does not serve: vLLM's 404, whatever the route, streamed or not
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2, stream=stream)
+        assert missing.value.param == "model" and "The model `gpt-4o` does not exist" in str(missing.value)
+    assert client.chat.completions.create(
+        model="", messages=messages, max_tokens=2
+    ).choices  # as SageMaker sends
+
+    # lm-eval-harness's log-likelihood request: the prompt's tokens scored, nothing generated
+    scored = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    echoed = scored.choices[0]
+    assert echoed.text == PROMPT and echoed.finish_reason == "length"
+    assert scored.usage is not None and scored.usage.completion_tokens == 0
+    lp = echoed.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert len(lp.token_logprobs) == scored.usage.prompt_tokens and lp.token_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(t) == 1 for t in lp.top_logprobs[1:])
+    more = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=3, echo=True, logprobs=1, temperature=0
+    )
+    assert more.choices[0].logprobs is not None and more.choices[0].logprobs.token_logprobs is not None
+    again_lp = more.choices[0].logprobs.token_logprobs
+    assert again_lp[: len(lp.token_logprobs)] == pytest.approx(lp.token_logprobs, abs=1e-4)
+    assert len(again_lp) == len(lp.token_logprobs) + 3
     # a token id past the vocabulary is the client's error, and the engine keeps serving everyone
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model, prompt=[1, 10**7], max_tokens=2)

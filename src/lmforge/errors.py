@@ -3,6 +3,12 @@
 Engines, handlers and the server raise the exceptions below; only ``lmforge.serving`` turns them
 into responses, through :func:`classify`. A message is always written for the client: it names the
 field or limit at fault and never carries a traceback.
+
+Two body shapes come from the same table: LMI's ``{"code", "type", "message", "param"}``
+(:meth:`LmforgeError.to_dict`, on ``/invocations`` and the server's own routes) and OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` as vLLM's OpenAI server sends it
+(:meth:`LmforgeError.to_openai_dict`, on every ``/v1/...`` route and as the in-band error event of
+an OpenAI stream).
 """
 
 from __future__ import annotations
@@ -16,25 +22,57 @@ class ErrorKind:
     status: int
     type: str
     description: str
+    openai_type: str
+    """``error.type`` of the OpenAI body (vLLM's names: ``BadRequestError``, ``NotFoundError``, ...)."""
 
 
 #: Error kind -> HTTP status. This is the single source of truth; docs/errors.md is generated from it
 #: (``python -m lmforge.errors``; a test keeps them equal).
 ERROR_TABLE: dict[str, ErrorKind] = {
-    "bad_request": ErrorKind(400, "bad_request", "the body or a parameter is invalid; `param` names it"),
-    "not_found": ErrorKind(404, "not_found", "no such route or resource"),
-    "method_not_allowed": ErrorKind(405, "method_not_allowed", "wrong HTTP method for the route"),
-    "conflict": ErrorKind(409, "conflict", "the resource already exists (e.g. an adapter name)"),
-    "payload_too_large": ErrorKind(413, "payload_too_large", "the body is larger than `max_request_size`"),
-    "unsupported_media_type": ErrorKind(415, "unsupported_media_type", "the body is not JSON or plain text"),
-    "model_error": ErrorKind(424, "model_error", "the model or the user handler failed on this request"),
-    "overloaded": ErrorKind(
-        503, "overloaded", "running batch and `job_queue_size` are full; retry after `Retry-After`"
+    "bad_request": ErrorKind(
+        400, "bad_request", "the body or a parameter is invalid; `param` names it", "BadRequestError"
     ),
-    "not_ready": ErrorKind(503, "not_ready", "the model is still loading or the server is shutting down"),
-    "engine_dead": ErrorKind(503, "engine_dead", "the engine loop died; the instance should be replaced"),
+    "not_found": ErrorKind(
+        404, "not_found", "no such route or resource (or, on `/v1`, no such `model`)", "NotFoundError"
+    ),
+    "method_not_allowed": ErrorKind(
+        405, "method_not_allowed", "wrong HTTP method for the route", "MethodNotAllowedError"
+    ),
+    "conflict": ErrorKind(
+        409, "conflict", "the resource already exists (e.g. an adapter name)", "ConflictError"
+    ),
+    "payload_too_large": ErrorKind(
+        413, "payload_too_large", "the body is larger than `max_request_size`", "PayloadTooLargeError"
+    ),
+    "unsupported_media_type": ErrorKind(
+        415, "unsupported_media_type", "the body is not JSON or plain text", "UnsupportedMediaTypeError"
+    ),
+    "model_error": ErrorKind(
+        424, "model_error", "the model or the user handler failed on this request", "InternalServerError"
+    ),
+    "overloaded": ErrorKind(
+        503,
+        "overloaded",
+        "running batch and `job_queue_size` are full; retry after `Retry-After`",
+        "ServiceUnavailableError",
+    ),
+    "not_ready": ErrorKind(
+        503,
+        "not_ready",
+        "the model is still loading or the server is shutting down",
+        "ServiceUnavailableError",
+    ),
+    "engine_dead": ErrorKind(
+        503,
+        "engine_dead",
+        "the engine loop died; the instance should be replaced",
+        "ServiceUnavailableError",
+    ),
     "out_of_memory": ErrorKind(
-        507, "out_of_memory", "the engine ran out of (device) memory for this request"
+        507,
+        "out_of_memory",
+        "the engine ran out of (device) memory for this request",
+        "InsufficientStorageError",
     ),
 }
 
@@ -59,10 +97,18 @@ class LmforgeError(Exception):
         return ERROR_TABLE[self.kind].type
 
     def to_dict(self) -> dict[str, object]:
+        """LMI's error body (``/invocations`` and the server's own routes)."""
         body: dict[str, object] = {"code": self.status, "type": self.type, "message": self.message}
         if self.param is not None:
             body["param"] = self.param
         return body
+
+    def to_openai_dict(self) -> dict[str, object]:
+        """OpenAI's error body, as vLLM's OpenAI server sends it (``code``: the HTTP status); the
+        official client reads it as ``err.body``, ``err.code``, ``err.param`` and ``err.type``."""
+        kind = ERROR_TABLE[self.kind]
+        error = {"message": self.message, "type": kind.openai_type, "param": self.param, "code": kind.status}
+        return {"error": error}
 
 
 class BadRequestError(LmforgeError):
@@ -166,17 +212,28 @@ def render_errors_markdown() -> str:
         "     tests/unit/test_errors.py fails when this file differs from the table. -->",
         "",
         'Every failure leaves the server as JSON `{"code", "type", "message", "param"}` with the status',
-        "below; `param` names the field at fault where there is one. A failure after a stream has started",
-        'is the stream\'s last line instead (`finish_reason: "error"`), because the status line is gone.',
-        "A 503 for `overloaded` carries `Retry-After`. Behind SageMaker, a status other than 200 reaches",
-        "the client as a `ModelError` (424) with the container's status in `OriginalStatusCode`.",
+        "below; `param` names the field at fault where there is one. On the OpenAI routes (every path",
+        "under `/v1/`) the same error takes OpenAI's shape, as vLLM's OpenAI server sends it:",
+        '`{"error": {"message", "type", "param", "code"}}`, with `type` from the OpenAI column and `code`',
+        "the HTTP status; the official `openai` client raises the exception class of the status",
+        "(`BadRequestError`, `NotFoundError`, ...) with that object as `.body`, `.code`, `.param`.",
         "",
-        "| status | type | meaning | raised as |",
-        "| --- | --- | --- | --- |",
+        "A failure after a stream has started cannot change the status line any more. In LMI's streams",
+        '(`/invocations` with LMI bodies) it is the last line (`finish_reason: "error"`, `error`, `code`).',
+        'An OpenAI stream instead gets one event `{"error": {...}}` in the shape above (an SSE `data:`',
+        "event on `/v1`, a line in jsonlines), then `data: [DONE]`: its `finish_reason` only ever takes",
+        "OpenAI's values (`stop`, `length`, `tool_calls`, or null mid-stream). A 503 for `overloaded`",
+        "carries `Retry-After`. Behind SageMaker, a status other than 200 reaches a boto3 client as a",
+        "`ModelError` (424) with the container's status in `OriginalStatusCode`.",
+        "",
+        "| status | type | OpenAI `type` | meaning | raised as |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for kind, entry in ERROR_TABLE.items():
         raised = ", ".join(f"`{name}`" for name in sorted(classes[kind])) or "-"
-        lines.append(f"| {entry.status} | `{entry.type}` | {entry.description} | {raised} |")
+        lines.append(
+            f"| {entry.status} | `{entry.type}` | `{entry.openai_type}` | {entry.description} | {raised} |"
+        )
     lines += [
         "",
         "Anything else a model or handler raises becomes `model_error` (424) with the exception's class",

@@ -95,6 +95,87 @@ def test_cli_invoke_streams_the_same_text(
     assert json.loads(out.stderr[out.stderr.index("{") :])["finish_reason"] == "length"
 
 
+def _openai_client(local: dict[str, str], path: str, token: str | None = None) -> Any:
+    """The official ``openai`` client on SageMaker's OpenAI-compatible path of the local runtime,
+    with a SageMaker bearer token made from the local SageMaker's credentials."""
+    import openai
+    from botocore.credentials import Credentials
+
+    from lmforge.aws.bearer import bearer_token
+
+    if token is None:
+        creds = Credentials(local["AWS_ACCESS_KEY_ID"], local["AWS_SECRET_ACCESS_KEY"])
+        token = bearer_token(REGION, credentials=creds, expires_s=300)
+    base = local["AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME"].rstrip("/")
+    return openai.OpenAI(base_url=f"{base}{path}/openai/v1", api_key=token, max_retries=0, timeout=60)
+
+
+def test_the_official_openai_client_on_sagemakers_openai_path(endpoint: str, local: dict[str, str]) -> None:
+    """``base_url=<runtime>/endpoints/<name>/openai/v1`` with a bearer token: chat streamed and not,
+    as SageMaker's own example sends it (``model=""``), the container's 400 with its param, the
+    container's 404 for a model it does not serve, and the runtime's own refusals (no token, an
+    expired one, a route it does not forward, an unknown endpoint) in OpenAI's error shape."""
+    import openai
+
+    client = _openai_client(local, f"/endpoints/{endpoint}")
+    messages: Any = [{"role": "user", "content": "Say hello"}]
+    whole = client.chat.completions.create(model="", messages=messages, max_tokens=8, temperature=0)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in ("stop", "length")
+    chunks = list(
+        client.chat.completions.create(
+            model="",
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None and whole.usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(
+            model="", messages=messages, max_tokens=2, extra_body={"min_tokens": 5}
+        )
+    assert bad.value.param == "min_tokens" and 'from primary with message "' in bad.value.message
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model=endpoint, messages=messages, max_tokens=2, stream=True)
+    assert (
+        unknown.value.param == "model" and f"The model `{endpoint}` does not exist" in unknown.value.message
+    )
+    from botocore.credentials import Credentials
+
+    from lmforge.aws.bearer import bearer_token
+
+    brief = bearer_token(REGION, credentials=Credentials("testing", "testing"), expires_s=1)
+    time.sleep(1.1)
+    for token, words in (("not-a-token", "sagemaker-api-key-"), (brief, "expired")):
+        with pytest.raises(openai.AuthenticationError, match=words):
+            _openai_client(local, f"/endpoints/{endpoint}", token=token).chat.completions.create(
+                model="", messages=messages, max_tokens=2
+            )
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="", prompt=PROMPT, max_tokens=2)  # only chat is forwarded
+    with pytest.raises(openai.BadRequestError) as missing:
+        _openai_client(local, "/endpoints/no-such-endpoint").chat.completions.create(
+            model="", messages=messages, max_tokens=2
+        )
+    assert missing.value.type == "ValidationError" and "no-such-endpoint" in missing.value.message
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_sagemaker.py"
+    proc = subprocess.run(
+        [sys.executable, str(example), endpoint, "Say hello", "--max-tokens", "8"],
+        env=local,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout == f"user: Say hello\nassistant: {text}"
+    assert f"[{whole.usage.completion_tokens} tokens]" in proc.stderr
+
+
 def test_first_event_arrives_before_the_stream_ends(endpoint: str, clients: dict[str, Any]) -> None:
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 300}, "stream": True}
     _, times = _stream(clients["sagemaker-runtime"], endpoint, body)
@@ -492,6 +573,26 @@ def test_inference_components(
 
     streamed = list(invoke_stream("ic-endpoint", json.loads(body), client=smr, inference_component="ic-llm"))
     assert "".join(o["token"]["text"] for o in streamed) == text
+    # SageMaker's OpenAI-compatible path names the component in the URL (the header is refused)
+    import openai
+
+    chat: Any = {
+        "model": "",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    on_ic = _openai_client(local, "/endpoints/ic-endpoint/inference-components/ic-llm")
+    pieces = [
+        c.choices[0].delta.content or ""
+        for c in on_ic.chat.completions.create(**chat, stream=True)
+        if c.choices
+    ]
+    assert "".join(pieces) == on_ic.chat.completions.create(**chat).choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="inference-components"):
+        _openai_client(local, "/endpoints/ic-endpoint").chat.completions.create(
+            **chat, extra_headers={"X-Amzn-SageMaker-Inference-Component": "ic-llm"}
+        )
 
     sm.update_inference_component_runtime_config(
         InferenceComponentName="ic-llm", DesiredRuntimeConfig={"CopyCount": 2}

@@ -171,6 +171,12 @@ def test_backend_streams_through_the_server(
             timeout=30,
         )
         assert too_long.status_code == 400 and too_long.json()["param"] == "inputs"
+        # the prompt's log-probs (echo with logprobs) are not mapped on this backend: a 400 naming echo
+        scored = {"prompt": "def ", "echo": True, "logprobs": 1, "max_tokens": 0}
+        echo = httpx.post(server.url + "/v1/completions", json=scored, timeout=30)
+        assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
+        plain = httpx.post(server.url + "/v1/completions", json={**scored, "logprobs": None}, timeout=30)
+        assert plain.status_code == 200 and plain.json()["choices"][0]["text"] == "def "
         before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
         with httpx.stream(
             "POST",

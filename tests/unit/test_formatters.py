@@ -6,6 +6,7 @@ import pytest
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
 from lmforge.handlers import formatters as fmt
+from lmforge.handlers import openai_formatters as ofmt
 
 
 def events() -> list[GenerationEvent]:
@@ -74,20 +75,20 @@ def test_nan_log_prob_is_null_not_invalid_json() -> None:
 
 
 def test_chat_json_and_chunks() -> None:
-    c = fmt.ChatFormatter("m", logprobs=True)
+    c = ofmt.ChatFormatter("m", logprobs=True)
     out = c.final_json(events())
     assert out["object"] == "chat.completion"
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert out["choices"][0]["finish_reason"] == "stop"
     assert out["choices"][0]["logprobs"]["content"][1]["logprob"] == -1.25
     assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
-    s = fmt.ChatFormatter("m", logprobs=False)
+    s = ofmt.ChatFormatter("m", logprobs=False)
     chunks = [s.chunk(e) for e in events()]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "he"}
     assert chunks[1]["choices"][0]["delta"] == {"content": "llo"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert "usage" not in chunks[-1]  # only when stream_options.include_usage asks, in a chunk of its own
-    asked = fmt.ChatFormatter("m", logprobs=False, include_usage=True)
+    asked = ofmt.ChatFormatter("m", logprobs=False, include_usage=True)
     for e in events():
         asked.chunk(e)
     usage = json.loads(asked.trailer(fmt.SSE).split(b"\n\n")[0][len(b"data: ") :])
@@ -101,10 +102,10 @@ TEXTS = ["x", " hello", 'quo"te', "back\\slash", "new\nline\t\r", "\x00\x1f", "√
 @pytest.mark.parametrize("media", [fmt.JSONLINES, fmt.SSE])
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 def test_openai_chunk_template_is_byte_identical_to_the_encoded_dict(media: str, kind: str) -> None:
-    def make() -> fmt.ChatFormatter | fmt.CompletionFormatter:
-        f: fmt.ChatFormatter | fmt.CompletionFormatter = fmt.CompletionFormatter("m", logprobs=False)
+    def make() -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
+        f: ofmt.ChatFormatter | ofmt.CompletionFormatter = ofmt.CompletionFormatter("m", logprobs=False)
         if kind == "chat":
-            f = fmt.ChatFormatter('m"odel', logprobs=False)
+            f = ofmt.ChatFormatter('m"odel', logprobs=False)
         f.index, f.id, f.created = 2, "chatcmpl-x", 1700000000
         return f
 
@@ -115,3 +116,55 @@ def test_openai_chunk_template_is_byte_identical_to_the_encoded_dict(media: str,
     last = GenerationEvent(Token(9, "end", -0.5), 3, 99, finish_reason=FinishReason.LENGTH)
     assert fast.stream_frame(last, media) == fmt.frame(slow.chunk(last), media)
     assert fast.trailer(media) == slow.trailer(media)
+
+
+def test_openai_finish_reasons_are_openais_and_failures_are_error_events() -> None:
+    """One table: every finish reason maps to an OpenAI value or to none (an error, an abort), and a
+    stream that ends without an answer sends its last token, then OpenAI's error object, then only
+    [DONE] (no usage chunk, no "error" finish reason)."""
+    assert set(ofmt.OPENAI_FINISH_REASON) == set(FinishReason)
+    assert set(ofmt.OPENAI_FINISH_REASON.values()) <= {"stop", "length", "tool_calls", "content_filter", None}
+    cases = [
+        (
+            GenerationEvent(Token(7, "x", -0.5), 3, 2, FinishReason.ERROR, "boom", 424),
+            424,
+            "InternalServerError",
+        ),
+        (GenerationEvent(None, 3, 1, FinishReason.ABORT), 503, "ServiceUnavailableError"),
+    ]
+    for final, status, kind in cases:
+        for make in (ofmt.ChatFormatter, ofmt.CompletionFormatter):
+            f = make("m", logprobs=False, include_usage=True)
+            first = f.stream_frame(GenerationEvent(Token(5, "he", -0.5), 3, 1), fmt.SSE)
+            raw = f.stream_frame(final, fmt.SSE) + f.trailer(fmt.SSE)
+            data = [json.loads(e[6:]) for e in raw.split(b"\n\n") if e and e != b"data: [DONE]"]
+            assert raw.endswith(b"data: [DONE]\n\n") and first.startswith(b"data: ")
+            *chunks, error = data
+            assert error == {
+                "error": {"message": error["error"]["message"], "type": kind, "param": None, "code": status}
+            }
+            assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * len(chunks)
+            assert len(chunks) == (final.token is not None)  # the failing event's own token is sent
+
+
+def test_token_text_names_sentencepiece_byte_fallback_tokens_by_their_bytes() -> None:
+    """SentencePiece-style tokenizers (Llama): ``‚ñÅ`` is a space and ``<0xNN>`` one byte."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from lmforge.handlers.logprobs import TokenText
+
+    vocab = {"<unk>": 0, "<s>": 1, "\u2581hello": 2, "<0xF0>": 3, "<0x9F>": 4, "\u00e9": 5}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>")
+    text = TokenText(tok)
+    assert [text.raw(i) for i in (2, 3, 4, 5)] == [b" hello", b"\xf0", b"\x9f", "\u00e9".encode()]
+    assert [text.name(i) for i in (1, 2, 3, 5)] == ["<s>", " hello", "bytes:\\xf0", "\u00e9"]
+    entry = text.chat_entry(Token(3, "", -1.0, top_logprobs=[(4, "\ufffd", -2.0), (2, " hello", -3.0)]))
+    assert entry["bytes"] == [0xF0] and [t["bytes"] for t in entry["top_logprobs"]] == [
+        [0x9F],
+        list(b" hello"),
+    ]

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -112,6 +111,15 @@ def lines(resp: httpx.Response) -> list[dict[str, Any]]:
     return [json.loads(line) for line in resp.text.splitlines() if line]
 
 
+def oerr(resp: httpx.Response) -> dict[str, Any]:
+    """The error of an OpenAI route's answer: ``{"error": {"message", "type", "param", "code"}}``, as
+    vLLM's OpenAI server sends it, ``code`` the HTTP status."""
+    body = resp.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["code"] == resp.status_code and body["error"]["message"], body
+    return dict(body["error"])
+
+
 def sse(resp: httpx.Response) -> list[str]:
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"].startswith("text/event-stream")
@@ -133,9 +141,10 @@ def test_ping_and_routes(tiny_model: Path) -> None:
             ("GET", "/invocations", 405),
             ("POST", "/ping", 405),
             ("DELETE", "/v1/chat/completions", 405),
+            ("GET", "/v1/nope", 404),
         ):
             resp = await srv.client.request(method, path)
-            err = resp.json()
+            err = oerr(resp) if path.startswith("/v1/") else resp.json()
             assert (resp.status_code, err["code"]) == (status, status), resp.text
             assert err["message"] and "Traceback" not in resp.text
 
@@ -443,15 +452,41 @@ def test_generated_bodies_never_get_a_5xx(tiny_model: Path) -> None:
     run(tiny_model, scenario)
 
 
-@pytest.mark.parametrize("path", ["/invocations", "/v1/chat/completions"])
-def test_error_bodies_share_one_shape(tiny_model: Path, path: str) -> None:
-    async def scenario(srv: Served) -> dict[str, Any]:
-        resp = await srv.client.post(path, content=b"{", headers={"Content-Type": "application/json"})
-        assert resp.status_code == 400 and resp.headers["content-type"].startswith("application/json")
-        return dict(resp.json())
+def test_one_error_two_shapes_lmi_on_invocations_openai_on_v1(tiny_model: Path) -> None:
+    """The same failure, from the one error table: LMI's body on /invocations, OpenAI's (as vLLM sends
+    it) on every /v1 route, with the same status, message and param."""
 
-    err = run(tiny_model, scenario)
-    assert set(err) >= {"code", "type", "message", "param"}
+    async def scenario(srv: Served) -> None:
+        bad = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}
+        lmi = await srv.client.post("/invocations", json=bad)
+        openai = await srv.client.post("/v1/chat/completions", json=bad)
+        assert lmi.status_code == openai.status_code == 400
+        assert lmi.headers["content-type"].startswith("application/json")
+        plain, err = lmi.json(), oerr(openai)
+        assert set(plain) == {"code", "type", "message", "param"} and plain["type"] == "bad_request"
+        assert (err["type"], err["param"], err["message"]) == (
+            "BadRequestError",
+            "max_tokens",
+            plain["message"],
+        )
+        broken = await srv.client.post(
+            "/v1/completions", content=b"{", headers={"Content-Type": "application/json"}
+        )
+        assert (oerr(broken)["param"], oerr(broken)["type"]) == ("body", "BadRequestError")
+        srv.engine.gate = asyncio.Event()  # at capacity: 503 with Retry-After, in OpenAI's shape
+        body = {"prompt": "x", "max_tokens": 2}
+        held = [asyncio.create_task(srv.client.post("/v1/completions", json=body)) for _ in range(2)]
+        while srv.state.in_flight < 2:
+            await asyncio.sleep(0.01)
+        over = await srv.client.post("/v1/completions", json=body)
+        assert (over.status_code, over.headers["retry-after"]) == (503, "1")
+        assert oerr(over)["type"] == "ServiceUnavailableError"
+        srv.engine.gate.set()
+        await asyncio.gather(*held)
+        assert (await srv.client.post("/v1/models")).status_code == 405
+        assert oerr(await srv.client.post("/v1/models"))["type"] == "MethodNotAllowedError"
+
+    run(tiny_model, scenario, properties="option.max_rolling_batch_size=1\njob_queue_size=1\n")
 
 
 # --------------------------------------------------------------------------- user handlers (model.py)
@@ -540,7 +575,7 @@ def test_openai_chat_route_streams_sse_whatever_accept_says(tiny_model: Path) ->
 def test_openai_completions(tiny_model: Path) -> None:
     async def scenario(srv: Served) -> None:
         expected = srv.engine.text(PROMPT, 5)
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+        body = {"model": srv.engine.model_name, "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
         out = (await srv.client.post("/v1/completions", json=body)).json()
         assert out["object"] == "text_completion" and out["id"].startswith("cmpl-")
         assert out["choices"][0]["text"] == expected
@@ -560,10 +595,11 @@ def test_openai_completions(tiny_model: Path) -> None:
         lp = (await srv.client.post("/v1/completions", json={**body, "logprobs": 2, "echo": True})).json()
         choice = lp["choices"][0]
         assert choice["text"] == PROMPT + expected
-        assert choice["logprobs"]["token_logprobs"] == [LOG_PROB] * 5
-        assert "".join(choice["logprobs"]["tokens"]) == expected
-        assert choice["logprobs"]["text_offset"][0] == len(PROMPT)
-        assert all(len(top) == 2 for top in choice["logprobs"]["top_logprobs"])
+        generated = {k: v[-5:] for k, v in choice["logprobs"].items()}  # after the prompt's tokens
+        assert generated["token_logprobs"] == [LOG_PROB] * 5
+        assert "".join(generated["tokens"]) == expected
+        assert generated["text_offset"][0] == len(PROMPT)
+        assert all(len(top) == 2 for top in generated["top_logprobs"])
         by_ids = (await srv.client.post("/v1/completions", json={**body, "prompt": ids})).json()
         assert by_ids["choices"][0]["text"] == expected
         assert (await srv.invoke(body)).json()["choices"][0]["text"] == expected
@@ -597,11 +633,11 @@ def test_openai_vllm_extras_accepted_or_refused_by_name(tiny_model: Path) -> Non
         ):
             resp = await srv.client.post("/v1/completions", json={**comp, "stream": True, field: value})
             assert resp.status_code == 400, (field, resp.text)
-            assert resp.json()["param"].split(".")[0] == field, resp.json()
+            assert oerr(resp)["param"].split(".")[0] == field, resp.json()
         missing = await srv.client.post("/v1/completions", json={"messages": []})
-        assert (missing.status_code, missing.json()["param"]) == (400, "prompt")
+        assert (missing.status_code, oerr(missing)["param"]) == (400, "prompt")
         long = await srv.client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 100_000})
-        assert (long.status_code, long.json()["param"]) == (400, "max_tokens")
+        assert (long.status_code, oerr(long)["param"]) == (400, "max_tokens")
 
     run(tiny_model, scenario, eos_after=2)
 
@@ -624,8 +660,8 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
         vocab = len(srv.engine.tokenizer)
         for ids in ([vocab], [1, 2, 999_999]):
             resp = await srv.client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2})
-            assert (resp.status_code, resp.json()["param"]) == (400, "prompt"), resp.text
-            assert str(vocab) in resp.json()["message"]
+            assert (resp.status_code, oerr(resp)["param"]) == (400, "prompt"), resp.text
+            assert str(vocab) in oerr(resp)["message"]
         assert (await srv.client.get("/ping")).status_code == 200
         ids = srv.engine.tokenizer.encode(PROMPT)
         nested = await srv.client.post("/v1/completions", json={"prompt": [ids], "max_tokens": 3})
@@ -654,7 +690,7 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
             ({"prompt": "x", "stop_token_ids": [vocab]}, "stop_token_ids"),
         ):
             resp = await srv.client.post("/v1/completions", json=body)
-            assert (resp.status_code, resp.json()["param"]) == (400, param), (body, resp.text)
+            assert (resp.status_code, oerr(resp)["param"]) == (400, param), (body, resp.text)
         parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
         await srv.client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}]})
         prompt = srv.engine.seen[-1].prompt  # ids when the handler tokenized it (no max_tokens given)
@@ -731,8 +767,8 @@ def test_auto_tool_calls_and_reasoning_are_read_from_the_reply(tiny_model: Path)
     async def without(srv: Served) -> None:
         body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL]}
         resp = await srv.client.post("/v1/chat/completions", json=body)
-        assert (resp.status_code, resp.json()["param"]) == (400, "tool_choice")
-        assert "option.enable_auto_tool_choice" in resp.json()["message"]
+        assert (resp.status_code, oerr(resp)["param"]) == (400, "tool_choice")
+        assert "option.enable_auto_tool_choice" in oerr(resp)["message"]
 
     run(tiny_model, without)
 

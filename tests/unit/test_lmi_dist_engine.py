@@ -45,7 +45,7 @@ def engine(tiny_model: Path, loop: asyncio.AbstractEventLoop) -> Iterator[LmiDis
 
 
 async def collect(
-    engine: LmiDistEngine, rid: str, params: SamplingParams, prompt: str = "def "
+    engine: LmiDistEngine, rid: str, params: SamplingParams, prompt: str | list[int] = "def "
 ) -> list[GenerationEvent]:
     return [e async for e in engine.generate(GenerationRequest(rid, prompt, params))]
 
@@ -299,3 +299,28 @@ def test_a_schema_that_cannot_compile_is_a_400_before_any_token(
     assert err.value.param == "response_format.json_schema.schema"
     events = loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=4)))
     assert events[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_prompt_logprobs_score_the_prompt_as_the_batch_scored_its_tokens(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """echo with logprobs: the prompt's log-probs come from a plain forward pass beside the running
+    batch. Scoring prompt + the greedy reply must give back the log-probs (and, greedy, the top
+    alternative) the batching loop's sampler recorded for that reply."""
+    greedy = SamplingParams(max_new_tokens=6, top_n_logprobs=2, ignore_eos=True)
+    ids = engine.tokenizer.encode("def fibonacci(n):")
+    reply = loop.run_until_complete(collect(engine, "g", greedy, prompt=ids))
+    tokens = [e.token for e in reply if e.token is not None]
+    scored_params = SamplingParams(max_new_tokens=1, prompt_logprobs=2)
+    whole = [*ids, *(t.id for t in tokens)]
+    events = loop.run_until_complete(collect(engine, "s", scored_params, prompt=whole))
+    scored = events[0].prompt_logprobs
+    assert scored is not None and [t.id for t in scored] == whole
+    assert all(e.prompt_logprobs is None for e in events[1:])
+    assert scored[0].top_logprobs is None and scored[0].log_prob != scored[0].log_prob  # NaN: unscored
+    for got, want in zip(scored[len(ids) :], tokens, strict=True):
+        assert got.log_prob == pytest.approx(want.log_prob, abs=1e-4)
+        assert got.top_logprobs is not None and len(got.top_logprobs) == 2
+        assert got.top_logprobs[0][0] == want.id  # greedy: the reply's token is the most likely
+    no_scores = loop.run_until_complete(collect(engine, "n", SamplingParams(max_new_tokens=1)))
+    assert no_scores[0].prompt_logprobs is None

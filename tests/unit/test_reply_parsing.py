@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
-from lmforge.handlers import formatters as fmt
+from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers.reply_parsing import ReplyParser, extract_calls
 
 HERMES = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
@@ -106,7 +106,7 @@ def test_the_chat_formatter_sends_reasoning_and_auto_calls_as_openai_does() -> N
         "\n<tool_",
         'call>{"name": "f", "arguments": {"a": 1}}</tool_call>',
     ]
-    whole = fmt.ChatFormatter("m", logprobs=False, reply=ReplyParser("qwen3", "hermes")).final_json(
+    whole = ofmt.ChatFormatter("m", logprobs=False, reply=ReplyParser("qwen3", "hermes")).final_json(
         _events(pieces)
     )
     choice = whole["choices"][0]
@@ -115,7 +115,7 @@ def test_the_chat_formatter_sends_reasoning_and_auto_calls_as_openai_does() -> N
     (call,) = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "f", "arguments": '{"a": 1}'} and call["id"].startswith("call_")
 
-    streamer = fmt.ChatFormatter("m", logprobs=False, reply=ReplyParser("qwen3", "hermes"))
+    streamer = ofmt.ChatFormatter("m", logprobs=False, reply=ReplyParser("qwen3", "hermes"))
     chunks = [streamer.chunk(e)["choices"][0] for e in _events(pieces)]
     assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "tool"
     assert all(not c["delta"].get("content") for c in chunks)
@@ -124,7 +124,7 @@ def test_the_chat_formatter_sends_reasoning_and_auto_calls_as_openai_does() -> N
     assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         (0, "f", {"a": 1})
     ]
-    plain = fmt.ChatFormatter("m", logprobs=False, reply=ReplyParser(None, "hermes")).final_json(
+    plain = ofmt.ChatFormatter("m", logprobs=False, reply=ReplyParser(None, "hermes")).final_json(
         _events(["Hi", "!"])
     )
     assert plain["choices"][0]["message"] == {"role": "assistant", "content": "Hi!"}

@@ -10,7 +10,7 @@ import pytest
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
 from lmforge.errors import BadRequestError
-from lmforge.handlers import formatters as fmt
+from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers.requests import parse_request
 from tests.openai_checks import ANSWER_SCHEMA, TIME, WEATHER
 
@@ -132,7 +132,7 @@ def _events(pieces: list[str], reason: FinishReason) -> list[GenerationEvent]:
 def test_a_named_call_is_read_whole_and_streamed_as_argument_deltas() -> None:
     mode = chat(tools=[WEATHER], tool_choice=NAMED).tool_mode
     pieces = ['{"city"', ':"Rome",', '"unit":"celsius"}', ""]
-    whole = fmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
+    whole = ofmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
         _events(pieces, FinishReason.EOS)
     )
     choice = whole["choices"][0]
@@ -141,7 +141,7 @@ def test_a_named_call_is_read_whole_and_streamed_as_argument_deltas() -> None:
     assert call["function"] == {"name": "get_weather", "arguments": "".join(pieces)}
     assert call["id"].startswith("call_") and call["type"] == "function"
 
-    streamer = fmt.ChatFormatter("m", logprobs=False, tool_mode=mode)
+    streamer = ofmt.ChatFormatter("m", logprobs=False, tool_mode=mode)
     chunks = [streamer.chunk(e) for e in _events(pieces, FinishReason.EOS)]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert deltas[0]["role"] == "assistant" and "content" not in deltas[0]
@@ -152,7 +152,7 @@ def test_a_named_call_is_read_whole_and_streamed_as_argument_deltas() -> None:
     }
     assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == "".join(pieces)
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "tool_calls"]
-    cut = fmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
+    cut = ofmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
         _events(pieces[:2], FinishReason.LENGTH)
     )
     assert cut["choices"][0]["finish_reason"] == "length"
@@ -164,7 +164,7 @@ def test_required_calls_are_sent_whole_once_the_array_is_complete() -> None:
         [{"name": "get_time", "parameters": {"zone": "UTC"}}, {"name": "get_weather", "parameters": {}}]
     )
     pieces = [text[:10], text[10:30], text[30:], ""]
-    streamer = fmt.ChatFormatter("m", logprobs=False, tool_mode=mode)
+    streamer = ofmt.ChatFormatter("m", logprobs=False, tool_mode=mode)
     chunks = [streamer.chunk(e) for e in _events(pieces, FinishReason.EOS)]
     assert all("tool_calls" not in c["choices"][0]["delta"] for c in chunks[:-1])
     calls = chunks[-1]["choices"][0]["delta"]["tool_calls"]
@@ -174,7 +174,7 @@ def test_required_calls_are_sent_whole_once_the_array_is_complete() -> None:
     ]
     assert len({c["id"] for c in calls}) == 2 and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # cut short by max_tokens: no calls to read, the partial text comes back as text
-    short = fmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
+    short = ofmt.ChatFormatter("m", logprobs=False, tool_mode=mode).final_json(
         _events(pieces[:2], FinishReason.LENGTH)
     )
     assert short["choices"][0]["message"]["content"] == text[:30]

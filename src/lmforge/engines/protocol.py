@@ -80,6 +80,10 @@ class SamplingParams:
     """(token id, bias) pairs added to the logits before the choice."""
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end the reply as EOS does (even with ``ignore_eos``); their text is not returned."""
+    prompt_logprobs: int | None = None
+    """None: no prompt log-probs. N >= 0: the first event carries every prompt token's log-prob with
+    its N most likely alternatives (:attr:`GenerationEvent.prompt_logprobs`); an engine that cannot
+    compute them refuses the request with a 400 naming ``echo``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,9 @@ class GenerationEvent:
     error_status: int | None = None
     """HTTP status matching ``error`` (from :data:`lmforge.errors.ERROR_TABLE`)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    prompt_logprobs: list[Token] | None = None
+    """On the first event when ``SamplingParams.prompt_logprobs`` asks: one token per prompt token,
+    the first with a NaN log-prob and no alternatives (nothing precedes it)."""
 
     @property
     def finished(self) -> bool:

@@ -11,10 +11,13 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams
-from lmforge.errors import BadRequestError, LmforgeError, classify, error_for_status
+from lmforge.engines.protocol import GenerationEvent, GenerationRequest, SamplingParams
+from lmforge.errors import BadRequestError, LmforgeError, NotFoundError
 from lmforge.handlers import formatters as fmt
+from lmforge.handlers import openai_formatters as ofmt
+from lmforge.handlers import streams
 from lmforge.handlers.io import Input, Output
+from lmforge.handlers.logprobs import TokenText
 from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.handlers.requests import CHAT_ROUTE, COMPLETIONS_ROUTE, ParsedRequest, parse_body, parse_request
 
@@ -42,6 +45,7 @@ class DefaultHandler:
         self.name = engine.name
         self.adapters: AdapterRegistry | None = None
         self.started = time.time()
+        self._token_text: TokenText | None = None
         if config.enable_lora:
             from lmforge.adapters.registry import AdapterRegistry
             from lmforge.engines.protocol import LoraEngine
@@ -59,15 +63,31 @@ class DefaultHandler:
             if names:
                 log.info("registered %d adapters from the model folder: %s", len(names), ", ".join(names))
 
+    @property
+    def token_text(self) -> TokenText:
+        """How log-probs name the engine's tokens (built once the engine has its tokenizer)."""
+        if self._token_text is None:
+            self._token_text = TokenText(self.engine.tokenizer)
+        return self._token_text
+
     def _served_names(self) -> set[str]:
-        """Names a chat request's ``model`` may give for the base model (with LoRA on, any other name
-        must be a registered adapter, as in vLLM's server)."""
+        """Names an OpenAI ``model`` may give for the base model (``/v1/models``'s name, ``model``,
+        ``option.model_id``, the folder's name; or none). Others: an adapter, else vLLM's 404 on /v1."""
         names = {"model", self.engine.model_name}
         if self.config.model_id:
             names.add(self.config.model_id)
         if self.config.model_dir is not None:
             names.add(self.config.model_dir.name)
         return names
+
+    def _unknown_model(self, named: str) -> NotFoundError:
+        """vLLM's 404 for a ``model`` that is neither the served model nor a registered adapter."""
+        names = ", ".join(sorted(self._served_names()))
+        adapters = [a.name for a in self.adapters.all()] if self.adapters is not None else []
+        also = f"; adapters: {', '.join(adapters[:20])}" if adapters else ""
+        return NotFoundError(
+            f"The model `{named}` does not exist. Valid aliases: {names}{also}.", param="model"
+        )
 
     def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
         """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
@@ -86,12 +106,15 @@ class DefaultHandler:
             )
             if value
         }
-        if (
-            req.openai
-            and "model" in wanted
-            and (self.adapters is None or wanted["model"] in self._served_names())
-        ):
-            del wanted["model"]  # the OpenAI model field names the served model, not an adapter
+        if req.openai and "model" in wanted:
+            named = wanted["model"]
+            if named in self._served_names():
+                del wanted["model"]  # the OpenAI model field names the served model, not an adapter
+            elif self.adapters is None or self.adapters.find(named) is None:
+                if inputs.route in OPENAI_ROUTES:
+                    raise self._unknown_model(named)
+                if self.adapters is None:  # /invocations: SageMaker routes by endpoint, and its
+                    del wanted["model"]  # clients send any model name
         if not wanted:
             return None
         if len(set(wanted.values())) > 1:
@@ -202,11 +225,11 @@ class DefaultHandler:
         )
         if req.n > 1:
             return await self._choices(req, served, request, media)
-        events = self.engine.generate(request)
+        events = self._generate(request, req)
         try:
             first = await anext(events)  # validation happens here, before any byte is sent
-            if first.finish_reason == FinishReason.ERROR:
-                raise error_for_status(first.error_status, first.error or "generation failed")
+            if first.finished and (failed := streams.failure(first, req.openai)) is not None:
+                raise failed
         except BadRequestError as err:
             await events.aclose()
             raise _in_request_terms(err, req) from None
@@ -222,19 +245,12 @@ class DefaultHandler:
         out.add_property("X-Accel-Buffering", "no")
         return out.add_stream_content(self._stream(req, served, first, events, media))
 
-    async def _drain(
-        self, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
-    ) -> list[GenerationEvent]:
-        """Every event of one stream, ending with its final one; a failed generation raises."""
-        collected = [first]
-        async for event in events:
-            collected.append(event)
-        if not collected[-1].finished:
-            collected.append(self._cut_short(collected[-1]))
-        last = collected[-1]
-        if last.finish_reason == FinishReason.ERROR:
-            raise error_for_status(last.error_status, last.error or "generation failed")
-        return collected
+    def _generate(
+        self, request: GenerationRequest, req: ParsedRequest
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The engine's events for ``request``; the prompt alone for ``echo`` with ``max_tokens: 0``."""
+        events = self.engine.generate(request)
+        return streams.prompt_only(events) if req.echo_only else events
 
     async def _choices(
         self, req: ParsedRequest, served: str, request: GenerationRequest, media: str | None
@@ -248,20 +264,20 @@ class DefaultHandler:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             rid = f"{request.request_id}-{i}"
             requests.append(dataclasses.replace(request, request_id=rid, params=params))
-        streams = [self.engine.generate(r) for r in requests]
-        firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+        sources = [self._generate(r, req) for r in requests]
+        firsts = await asyncio.gather(*(anext(s) for s in sources), return_exceptions=True)
         failed = next((f for f in firsts if isinstance(f, BaseException)), None)
         if failed is None:
             failed = next(
                 (
-                    error_for_status(f.error_status, f.error or "generation failed")
+                    err
                     for f in firsts
-                    if isinstance(f, GenerationEvent) and f.finish_reason == FinishReason.ERROR
+                    if isinstance(f, GenerationEvent) and (err := streams.failure(f, openai=True)) is not None
                 ),
                 None,
             )
         if failed is not None:
-            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+            await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
             if isinstance(failed, BadRequestError):
                 raise _in_request_terms(failed, req) from None
             raise failed
@@ -272,47 +288,17 @@ class DefaultHandler:
         out = Output()
         if media is None:
             try:
-                pairs = zip(starts, streams, strict=True)
-                collected = await asyncio.gather(*(self._drain(f, s) for f, s in pairs))
+                pairs = zip(starts, sources, strict=True)
+                collected = await asyncio.gather(*(streams.drain(f, s, openai=True) for f, s in pairs))
             finally:
-                await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+                await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
             bodies = [f.final_json(events) for f, events in zip(formatters, collected, strict=True)]
             answer = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
-            answer["usage"] = fmt.choices_usage(list(formatters))
+            answer["usage"] = ofmt.choices_usage(list(formatters))
             return out.add_as_json(answer)
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(self._stream_choices(formatters, starts, streams, media))
-
-    async def _stream_choices(
-        self,
-        formatters: list[fmt.ChatFormatter | fmt.CompletionFormatter],
-        starts: list[GenerationEvent],
-        streams: list[AsyncGenerator[GenerationEvent, None]],
-        media: str,
-    ) -> AsyncIterator[bytes]:
-        """The choices' chunks as each is generated (OpenAI's ``index`` tells them apart)."""
-        queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
-
-        async def pump(i: int, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]) -> None:
-            async with contextlib.aclosing(self._through_final(first, events)) as choice:
-                async for event in choice:
-                    await queue.put((i, event))
-
-        pairs = enumerate(zip(starts, streams, strict=True))
-        tasks = [asyncio.create_task(pump(i, e, s)) for i, (e, s) in pairs]
-        try:
-            open_choices = len(tasks)
-            while open_choices:
-                i, event = await queue.get()
-                yield formatters[i].stream_frame(event, media)
-                open_choices -= event.finished
-            yield formatters[0].trailer(media, fmt.choices_usage(list(formatters)))
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+        return out.add_stream_content(streams.merged_choices(formatters, starts, sources, media))
 
     async def _collect(
         self,
@@ -321,7 +307,7 @@ class DefaultHandler:
         first: GenerationEvent,
         events: AsyncGenerator[GenerationEvent, None],
     ) -> dict[str, Any]:
-        collected = await self._drain(first, events)
+        collected = await streams.drain(first, events, req.openai)
         last = collected[-1]
         if req.openai:
             return self._openai_formatter(req, served).final_json(collected)
@@ -330,7 +316,7 @@ class DefaultHandler:
             lmi.add(event)
         return lmi.final_json(last)
 
-    async def _stream(
+    def _stream(
         self,
         req: ParsedRequest,
         served: str,
@@ -338,64 +324,37 @@ class DefaultHandler:
         events: AsyncGenerator[GenerationEvent, None],
         media: str,
     ) -> AsyncIterator[bytes]:
-        openai = self._openai_formatter(req, served) if req.openai else None
-        if openai is not None:
-            stream_frame = openai.stream_frame
-        else:
-            lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
-            stream_frame = lmi.stream_frame
-        # the hot path (a frame per token) keeps its own loop: one async-generator hop less per token
-        # than _through_final (bench/streaming_ceiling.py)
-        async with contextlib.aclosing(events):
-            event = first
-            try:
-                while True:
-                    yield stream_frame(event, media)
-                    if event.finished:
-                        break
-                    try:
-                        event = await anext(events)
-                    except StopAsyncIteration:
-                        event = self._cut_short(event)
-            except Exception as exc:  # the status line is gone: report in-band, in the stream's framing
-                yield stream_frame(_error_event(event, exc), media)
-        if openai is not None:
-            yield openai.trailer(media)
-
-    async def _through_final(
-        self, first: GenerationEvent, events: AsyncGenerator[GenerationEvent, None]
-    ) -> AsyncGenerator[GenerationEvent, None]:
-        """``first``, then the stream's events up to its final one. A stream that ends without one, or
-        fails, ends with an error event: the status line is gone, so errors are reported in-band."""
-        event = first
-        try:
-            while True:
-                yield event
-                if event.finished:
-                    return
-                try:
-                    event = await anext(events)
-                except StopAsyncIteration:
-                    event = self._cut_short(event)
-        except Exception as exc:
-            yield _error_event(event, exc)
+        if req.openai:
+            openai = self._openai_formatter(req, served)
+            return streams.frames(first, events, media, openai.stream_frame, openai.trailer)
+        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+        return streams.frames(first, events, media, lmi.stream_frame, None)
 
     def _openai_formatter(
         self, req: ParsedRequest, model: str
-    ) -> fmt.ChatFormatter | fmt.CompletionFormatter:
+    ) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
         if req.chat:
             tools = self.config.tool_call_parser if req.auto_tools else None
             reasoning = self.config.reasoning_parser
             parse = (tools or reasoning) and req.tool_mode is None
-            return fmt.ChatFormatter(
+            return ofmt.ChatFormatter(
                 model,
                 logprobs=req.logprobs,
                 include_usage=req.include_usage,
                 tool_mode=req.tool_mode,
                 reply=ReplyParser(reasoning, tools) if parse else None,
+                token_text=self.token_text,
             )
-        return fmt.CompletionFormatter(
-            model, logprobs=req.logprobs, include_usage=req.include_usage, echo=req.prompt if req.echo else ""
+        echo = None
+        if req.echo:  # the prompt's text: as sent, or its token ids decoded
+            ids = req.prompt_ids
+            echo = req.prompt if ids is None else "".join(self.token_text.pieces(ids))
+        return ofmt.CompletionFormatter(
+            model,
+            logprobs=req.logprobs,
+            include_usage=req.include_usage,
+            echo=echo,
+            token_text=self.token_text,
         )
 
     def models(self) -> dict[str, Any]:
@@ -415,31 +374,6 @@ class DefaultHandler:
 
         adapters = self.adapters.all() if self.adapters is not None else []
         return {"object": "list", "data": [entry(base), *(entry(a.name, parent=base) for a in adapters)]}
-
-    @staticmethod
-    def _cut_short(last: GenerationEvent) -> GenerationEvent:
-        """The final event for an engine stream that ended without one (a backend bug, reported as such)."""
-        return GenerationEvent(
-            None,
-            last.prompt_tokens,
-            last.generated_tokens,
-            finish_reason=FinishReason.ERROR,
-            error="the engine ended the stream without a final event",
-            error_status=424,
-        )
-
-
-def _error_event(last: GenerationEvent, exc: Exception) -> GenerationEvent:
-    """The final event of a stream that failed after ``last``."""
-    err: LmforgeError = classify(exc)
-    return GenerationEvent(
-        None,
-        last.prompt_tokens,
-        last.generated_tokens,
-        finish_reason=FinishReason.ERROR,
-        error=err.message,
-        error_status=err.status,
-    )
 
 
 def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestError:

@@ -214,7 +214,9 @@ class CompletionRequest(_Sampling):
             Field(min_length=1, max_length=1),
         ]
     )
-    max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens: Annotated[int, Field(ge=0)] | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    """0 only with ``echo``: the prompt (and its log-probs) without generating, as lm-eval-harness's
+    log-likelihood requests ask."""
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_N)] | None = None
     echo: bool | None = False
     # tools are a chat feature: completions accept them only at the value that asks for nothing
@@ -287,12 +289,18 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         ids = [int(t) for t in prompt[0]]
     else:
         ids = [int(t) for t in prompt if isinstance(t, int)]
-    if req.echo and ids is not None:
-        raise BadRequestError("echo needs a text prompt (token ids cannot be echoed as text)", param="echo")
+    max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    echo_only = max_tokens == 0
+    if echo_only and not req.echo:
+        raise BadRequestError(
+            "max_tokens must be at least 1; 0 is only allowed with echo=true (the prompt and, with "
+            "logprobs, its log-probs, without generating)",
+            param="max_tokens",
+        )
     top_n = req.logprobs or 0
-    params = req.sampling_params(
-        req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, top_n, req.logprobs is not None
-    )
+    params = req.sampling_params(1 if echo_only else max_tokens, top_n, req.logprobs is not None)
+    if req.echo and req.logprobs is not None:  # the answer starts with the prompt's tokens, scored
+        params = dataclasses.replace(params, prompt_logprobs=top_n)
     return ParsedRequest(
         api="completion",
         prompt=text,
@@ -306,5 +314,6 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         length_field="max_tokens",
         prompt_ids=ids,
         echo=bool(req.echo),
+        echo_only=echo_only,
         n=req.n or 1,
     )

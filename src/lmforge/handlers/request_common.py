@@ -57,7 +57,11 @@ class ParsedRequest:
     prompt_ids: list[int] | None = None
     """A completions prompt given as token ids (``prompt`` is then empty)."""
     echo: bool = False
-    """Completions: the answer's text starts with the prompt."""
+    """Completions: the answer's text starts with the prompt (and, with logprobs, its log-probs with
+    the prompt's tokens: ``params.prompt_logprobs``)."""
+    echo_only: bool = False
+    """Completions: ``echo`` with ``max_tokens: 0``, the prompt alone (the engine is asked for one
+    token, to get the prompt's log-probs, and the token is dropped)."""
     tools: list[dict[str, Any]] | None = None
     """Chat: the tools, as the chat template receives them."""
     tool_mode: ToolCallMode | None = None

@@ -9,6 +9,9 @@ Routes (path-style, what botocore sends when given ``endpoint_url``):
   one CRC-checked ``PayloadPart`` frame per chunk the container flushes, sent with chunked transfer
   encoding as it arrives (without chunking, botocore would buffer the whole body).
 
+- ``POST /endpoints/{name}[/inference-components/{component}]/openai/v1/chat/completions``: the
+  OpenAI-compatible path, for OpenAI clients with a bearer token (:mod:`lmforge.local.openai_path`).
+
 Errors take SageMaker's shapes, which boto3 maps to its exception classes: ``ValidationError`` (400)
 for an unknown or not-yet-InService endpoint, a bad name or a body over 6 MiB; ``ModelError`` (424,
 with ``OriginalStatusCode``, ``OriginalMessage`` and ``LogStreamArn``) when the container answers an
@@ -32,6 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 from lmforge.aws.eventstream import model_stream_error, payload_part
 from lmforge.aws.names import name_problem
+from lmforge.local import openai_path
 from lmforge.local.provisioner import Provisioner, Route, RouteError
 
 log = logging.getLogger("lmforge.local.runtime")
@@ -57,7 +61,9 @@ _FORWARDED = (
 )
 
 
-class _Reject(Exception):
+class Reject(Exception):
+    """An error answer in SageMaker's shape: status, ``x-amzn-ErrorType`` and message (+ fields)."""
+
     def __init__(self, status: int, error_type: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.error_type, self.message, self.extra = status, error_type, message, extra
@@ -103,18 +109,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ----- entry points
     def _not_found(self) -> None:
-        self._send_error(_Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
+        self._send_error(Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
 
     def do_POST(self) -> None:
         request_id = str(uuid.uuid4())
+        openai = openai_path.PATH_RE.match(urlsplit(self.path).path)
+        if openai is not None:
+            openai_path.serve(self, openai, request_id)
+            return
         try:
             match = _PATH_RE.match(urlsplit(self.path).path)
             if match is None:
-                raise _Reject(404, "UnknownOperationException", f"No operation at {self.path}")
+                raise Reject(404, "UnknownOperationException", f"No operation at {self.path}")
             name, operation = unquote(match.group(1)), match.group(2)
             body = self._read_body()
             if problem := name_problem("endpointName", name):
-                raise _Reject(400, "ValidationError", problem)
+                raise Reject(400, "ValidationError", problem)
             route = self._route(name)
             try:
                 if operation == "invocations":
@@ -123,7 +133,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._invoke_stream(route, body, request_id)
             finally:
                 self.server.provisioner.finished(route)
-        except _Reject as rej:
+        except Reject as rej:
             self._send_error(rej, request_id)
 
     def do_GET(self) -> None:
@@ -149,15 +159,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
-            raise _Reject(411, "ValidationError", "send the body with a Content-Length")
+            raise Reject(411, "ValidationError", "send the body with a Content-Length")
         raw = self.headers.get("Content-Length") or "0"
         if not raw.isdigit():
             self.close_connection = True
-            raise _Reject(400, "ValidationError", f"Content-Length {raw!r} is not a byte count")
+            raise Reject(400, "ValidationError", f"Content-Length {raw!r} is not a byte count")
         length = int(raw)
         if length > MAX_BODY:
             self.close_connection = True  # the body is not read; the connection cannot be reused
-            raise _Reject(
+            raise Reject(
                 413,
                 "ValidationError",
                 f"1 validation error detected: Value at 'body' failed to satisfy constraint: Member must "
@@ -165,23 +175,33 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return self.rfile.read(length) if length else b""
 
-    def _route(self, name: str) -> Route:
-        match = _REGION_RE.search(self.headers.get("Authorization", ""))
-        region = match.group(1) if match else None
+    def _route(self, name: str, region: str | None = None, component: str | None = None) -> Route:
+        """The container for an invocation (region: from the SigV4 credential unless given)."""
+        if region is None:
+            match = _REGION_RE.search(self.headers.get("Authorization", ""))
+            region = match.group(1) if match else None
         try:
             return self.server.provisioner.route(
                 region,
                 name,
                 self.headers.get("X-Amzn-SageMaker-Target-Variant"),
-                self.headers.get("X-Amzn-SageMaker-Inference-Component"),
+                component or self.headers.get("X-Amzn-SageMaker-Inference-Component"),
                 self.headers.get("X-Amzn-SageMaker-Session-Id"),
             )
         except RouteError as exc:
-            raise _Reject(400, "ValidationError", str(exc)) from None
+            raise Reject(400, "ValidationError", str(exc)) from None
 
     def _container_request(
-        self, route: Route, body: bytes, accept: str | None, timeout: float
+        self,
+        route: Route,
+        body: bytes,
+        accept: str | None,
+        timeout: float,
+        path: str = "/invocations",
+        check: bool = True,
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """POST ``body`` to the container's ``path``; an error answer is a ModelError unless not
+        ``check`` (the caller reads it)."""
         headers = {h: v for h in _FORWARDED if (v := self.headers.get(h)) is not None}
         headers.setdefault("Content-Type", "application/octet-stream")
         if route.adapter is not None:  # an adapter inference component: its base's container serves it
@@ -190,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Accept"] = accept
         conn = http.client.HTTPConnection("127.0.0.1", route.port, timeout=timeout)
         try:
-            conn.request("POST", "/invocations", body=body, headers=headers)
+            conn.request("POST", path, body=body, headers=headers)
             response = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
@@ -202,19 +222,19 @@ class _Handler(BaseHTTPRequestHandler):
                     f"Your invocation timed out while waiting for a response from container {route.variant}.",
                 ) from None
             raise self._model_error(route, 0, "", f"could not reach the container: {exc}") from None
-        if not 200 <= response.status < 300:
+        if check and not 200 <= response.status < 300:
             text = response.read().decode("utf-8", errors="replace")
             conn.close()
             raise self._model_error(route, response.status, text)
         return conn, response
 
-    def _model_error(self, route: Route, status: int, original: str, detail: str | None = None) -> _Reject:
+    def _model_error(self, route: Route, status: int, original: str, detail: str | None = None) -> Reject:
         kind = "client" if 400 <= status < 500 else "server"
         log_group = f"/aws/sagemaker/Endpoints/{route.endpoint_name}"
         log_arn = f"arn:aws:logs:{route.region}:{route.account}:log-group:{log_group}"
         message = detail or f'Received {kind} error ({status}) from primary with message "{original}".'
         message += f" See the container log of {route.endpoint_name}/{route.variant} for more information."
-        return _Reject(
+        return Reject(
             424,
             "ModelError",
             message,
@@ -326,8 +346,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("X-Amzn-SageMaker-Closed-Session-Id", closed)
             self.server.provisioner.session_closed(route, closed.strip())
 
-    def _send_error(self, rej: _Reject, request_id: str) -> None:
-        body = json.dumps({"message": rej.message, **rej.extra}).encode()
+    def _send_error(self, rej: Reject, request_id: str, body: bytes | None = None) -> None:
+        """``rej`` in SageMaker's JSON (``body``: another shape of the same error)."""
+        if body is None:
+            body = json.dumps({"message": rej.message, **rej.extra}).encode()
         try:
             self.send_response(rej.status)
             self.send_header("Content-Type", "application/json")

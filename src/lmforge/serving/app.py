@@ -3,8 +3,9 @@
 ``/invocations-bidirectional-stream`` (:mod:`lmforge.serving.bidi`).
 
 Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
-:data:`lmforge.errors.ERROR_TABLE`; unexpected exceptions are logged with their traceback here and
-reach the client as a one-line message, never as a traceback.
+:data:`lmforge.errors.ERROR_TABLE`, in OpenAI's body shape on every ``/v1/...`` path and LMI's
+elsewhere; unexpected exceptions are logged with their traceback here and reach the client as a
+one-line message, never as a traceback.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ ENGINE_DEATH_EXIT_AFTER_S = 5.0
 _HEALTH_EVERY_S = 0.5
 INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
 MODELS_PATH = "/v1/models"
+#: paths under it answer errors in OpenAI's shape (``{"error": {...}}``)
+OPENAI_PREFIX = "/v1/"
 
 
 #: request headers a SageMaker container hands back on its reply (unless the handler set its own):
@@ -173,7 +176,7 @@ class App:
                 raise NotFoundError(f"no route {method} {scope['path']}; use GET /ping or POST /invocations")
         except LmforgeError as err:
             self.state.count(err.status)
-            await asgi.send_error(send, err)
+            await asgi.send_error(send, err, openai=path.startswith(OPENAI_PREFIX))
 
     @staticmethod
     def _require(method: str, *allowed: str) -> None:

@@ -52,9 +52,10 @@ async def send_json(send: Send, status: int, obj: Any, headers: dict[str, str] |
     await send_body(send, status, body, "application/json", headers)
 
 
-async def send_error(send: Send, err: LmforgeError) -> None:
+async def send_error(send: Send, err: LmforgeError, *, openai: bool = False) -> None:
+    """``err`` with its status: OpenAI's body shape on the ``/v1`` routes (``openai``), else LMI's."""
     headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
-    await send_json(send, err.status, err.to_dict(), headers)
+    await send_json(send, err.status, err.to_openai_dict() if openai else err.to_dict(), headers)
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

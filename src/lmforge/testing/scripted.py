@@ -10,7 +10,10 @@ vLLM or LMI-Dist would give them. Only the choice of tokens is scripted:
 * after ``eos_after`` tokens the engine emits EOS (unless the request ignores it);
 * ``gate``: when set, every generation waits on it before its first token (requests stay in flight);
 * ``fail_after``: the engine ends a request with an engine error after that many tokens;
-* ``fail_start`` / :meth:`kill`: a load failure, and an engine that dies while serving.
+* ``fail_start`` / :meth:`kill`: a load failure, and an engine that dies while serving;
+* prompt log-probs (``SamplingParams.prompt_logprobs``): every prompt token after the first scores
+  ``LOG_PROB``; its alternatives are the prompt's own tokens up to it, the latest first (so a prompt
+  of byte-level pieces gives alternatives that are pieces too).
 """
 
 from __future__ import annotations
@@ -82,6 +85,17 @@ class ScriptedEngine(EngineBase):
         seed = sum(prompt_ids) + len(prompt_ids)
         return [self._pool[(seed + 7 * i) % len(self._pool)] for i in range(n)]
 
+    def prompt_logprobs(self, ids: list[int], top_n: int | None) -> list[Token] | None:
+        """The prompt's scored tokens (None unless asked): see the module docstring."""
+        if top_n is None:
+            return None
+        out = [Token(ids[0], "", float("nan"))]
+        for i in range(1, len(ids)):
+            alternatives = list(dict.fromkeys(reversed(ids[: i + 1])))[:top_n]
+            top = [(t, str(self._tokenizer.decode([t])), LOG_PROB - k) for k, t in enumerate(alternatives)]
+            out.append(Token(ids[i], "", LOG_PROB, top_logprobs=top))
+        return out
+
     def text(self, prompt: str, n: int) -> str:
         """The text of the first ``n`` generated tokens for a plain (LMI) prompt."""
         ids = self._tokenizer.encode(prompt)
@@ -107,6 +121,7 @@ class ScriptedEngine(EngineBase):
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, ids = self.prepare(request)
+        pending = self.prompt_logprobs(ids, params.prompt_logprobs)
         self.seen.append(request)
         rid = request.request_id
         aborted = self._live[rid] = asyncio.Event()
@@ -133,6 +148,7 @@ class ScriptedEngine(EngineBase):
                     done = True
                     reason = "the engine died" if not self._alive else f"scripted failure after {i} tokens"
                     for event in stream.step([], FinishReason.ERROR, reason):
+                        event.prompt_logprobs, pending = pending, None
                         yield event
                     return
                 eos = eos_after is not None and i >= eos_after and not params.ignore_eos
@@ -146,6 +162,8 @@ class ScriptedEngine(EngineBase):
                 last = eos or i == len(planned) - 1
                 finish = (FinishReason.EOS if eos else FinishReason.LENGTH) if last else None
                 for event in stream.step([token], finish):
+                    if pending is not None:
+                        event.prompt_logprobs, pending = pending, None
                     yield event
                 if stream.finished:
                     done = True

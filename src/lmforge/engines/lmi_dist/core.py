@@ -140,6 +140,7 @@ class Core:
                 plan={k: v for k, v in plan.items() if isinstance(v, (int, float, str))},
                 lora_layers=built.lora.layers() if built.lora is not None else {},
                 pid=os.getpid(),
+                world=world,
             )
         )
 
@@ -242,6 +243,10 @@ class Core:
             value: Any = None
             if message.method == "stats":
                 value = lora.stats() if lora is not None else {}
+            elif message.method == "score_prompt":
+                from lmforge.engines.lmi_dist.prompt_scores import score_prompt
+
+                value = score_prompt(self.built.model, message.args["ids"], int(message.args["top_n"]))
             elif lora is None:
                 raise LmforgeError("LoRA adapters are not enabled in the engine core")
             elif message.method in ("install", "preload"):

@@ -172,9 +172,28 @@ class LmiDistEngine(EngineBase):
                 live.dead_error = "aborted"
                 live.wake.set()
 
+    async def _score_prompt(self, ids: list[int], top_n: int | None) -> list[Token] | None:
+        """The prompt's log-probs when asked (:mod:`.prompt_scores`, computed by the engine core)."""
+        if top_n is None:
+            return None
+        assert self._core is not None and self._core.ready is not None
+        if self._lora is not None or self._core.ready.world > 1:
+            raise BadRequestError(
+                "echo with logprobs (the prompt's log-probs) is not available on lmi-dist with "
+                "option.enable_lora=true or tensor parallelism; use option.rolling_batch=vllm",
+                param="echo",
+            )
+        decode = self._tokenizer.decode
+        scored = await self._core.call("score_prompt", ids=ids, top_n=top_n)
+        return [
+            Token(tid, "", lp, top_logprobs=[(t, str(decode([t])), v) for t, v in top] if i else None)
+            for i, (tid, lp, top) in enumerate(scored)
+        ]
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, prompt_ids = self.prepare(request)
         assert self._slots is not None and self._core is not None
+        scored = await self._score_prompt(prompt_ids, params.prompt_logprobs)
         adapter = request.adapter
         lora = self._slots_or_refuse() if adapter is not None else None
         # The core's id is unique per submission: a late cancel of an earlier request must never hit
@@ -219,6 +238,8 @@ class LmiDistEngine(EngineBase):
                 live.engine_done = out.status != ipc.RUNNING
                 tokens = self._tokens(out, params.top_n_logprobs)
                 for event in stream.step(tokens, self._done(out, params), out.error or ""):
+                    if scored is not None:  # the first event carries the prompt's log-probs
+                        event.prompt_logprobs, scored = scored, None
                     yield event
                 self._counters["tokens_total"] += len(out.tokens)
                 if stream.finished:

@@ -52,7 +52,8 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
 class Call(msgspec.Struct, tag="call", array_like=True):
     call_id: int
     method: str
-    """A method of the core's call table (``install``, ``uninstall``, ``preload``, ``forget``, ``stats``)."""
+    """A method of the core's call table (``install``, ``uninstall``, ``preload``, ``forget``, ``stats``,
+    ``score_prompt``)."""
     args: dict[str, Any]
 
 
@@ -96,6 +97,8 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     """The KV-cache plan (:class:`.sizing.KvCachePlan` as a dict)."""
     lora_layers: dict[str, tuple[int, int]]
     pid: int
+    world: int = 1
+    """Tensor-parallel ranks (the core is rank 0)."""
 
 
 class Dead(msgspec.Struct, tag="dead", array_like=True):

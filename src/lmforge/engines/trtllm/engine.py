@@ -218,6 +218,7 @@ class TrtllmEngine(EngineBase):
             "logit_bias": params.logit_bias,
             "stop_token_ids": params.stop_token_ids,
             params.structured.param if params.structured else "response_format": params.structured,
+            "echo": params.prompt_logprobs is not None,  # with logprobs: the prompt's log-probs
         }
         asked = next((name for name, value in unmapped.items() if value), None)
         if asked is not None:

@@ -34,6 +34,7 @@ from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
 from lmforge.engines.streaming import TokenStream
+from lmforge.engines.vllm.prompt_scores import prompt_scores
 from lmforge.errors import (
     ERROR_TABLE,
     BadRequestError,
@@ -59,6 +60,7 @@ _LMI_FIELD = {
     "seed": "parameters.seed",
     "max_tokens": "parameters.max_new_tokens",
     "logprobs": "parameters.top_n_tokens",
+    "prompt_logprobs": "echo",
     "prompt": "inputs",
 }
 
@@ -248,6 +250,7 @@ class VllmEngine(EngineBase):
                 # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
                 # frontend's CPU per token (bench/frontend_overhead.py)
                 logprobs=params.top_n_logprobs if params.logprobs else None,
+                prompt_logprobs=params.prompt_logprobs,
                 output_kind=RequestOutputKind.DELTA,
                 structured_outputs=structured,
                 # stop strings and text are lmforge's (as for LMI-Dist): every token gets its own text
@@ -285,12 +288,15 @@ class VllmEngine(EngineBase):
                     name = getattr(exc, "parameter", None)
                     fallback = params.structured.param if params.structured is not None else "inputs"
                     raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), fallback)) from None
+                scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
                 while True:
                     if live.aborted:
                         for event in state.end(FinishReason.ABORT):
                             yield event
                         return
                     for event in self._events(output, params, state):
+                        if scored is not None:  # the first event carries the prompt's log-probs
+                            event.prompt_logprobs, scored = scored, None
                         yield event
                     if state.finished:
                         return
