@@ -32,4 +32,37 @@ def test_per_request_equals_dense_block_diagonal_attention() -> None:
 
 def test_dense_is_kept_when_it_wastes_little() -> None:
     assert not _per_request_pays([0, 1, 2], [0, 10, 20])  # two short decode rows
+    # the same layout with wide heads (a real model: 9 heads of 64) wastes more per product
+    cu_q, cu_k = [0, 8, 16], [0, 250, 500]
+    assert not _per_request_pays(cu_q, cu_k, (1, 4, 32, 32))
+    assert _per_request_pays(cu_q, cu_k, (1, 9, 32, 64))
     assert _per_request_pays([0, *range(1, 33)], [0, *range(500, 500 * 33, 500)])  # 32 rows x 500 keys
+
+
+def test_batched_decode_equals_per_request_attention() -> None:
+    """Decode rows against keys read from their cache slots, the query heads of a key head grouped:
+    the same as one call per request over packed keys."""
+    from lmforge.engines.lmi_dist.attention import _decode_batch
+
+    torch.manual_seed(1)
+    k_lens = [9, 1, 30, 4, 17]
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    rows, heads, kv_heads, dim = len(k_lens), 6, 3, 8
+    q = torch.randn(1, heads, rows, dim)
+    k = torch.randn(1, kv_heads, cu_k[-1], dim)
+    v = torch.randn(1, kv_heads, cu_k[-1], dim)
+    # the cache holds the packed keys at scattered slots
+    slots_of = torch.randperm(200)[: cu_k[-1]]
+    k_cache = torch.zeros(200, kv_heads, dim)
+    v_cache = torch.zeros(200, kv_heads, dim)
+    k_cache[slots_of] = k[0].transpose(0, 1)
+    v_cache[slots_of] = v[0].transpose(0, 1)
+    longest = max(k_lens)
+    slots = torch.zeros(rows, longest, dtype=torch.long)
+    mask = torch.zeros(rows, 1, 1, longest, dtype=torch.bool)
+    for i, n in enumerate(k_lens):
+        slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
+        mask[i, ..., :n] = True
+    ours = _decode_batch(q[0], k_cache, v_cache, slots, mask, None, heads // kv_heads)
+    ref = _per_request(q, k, v, list(range(rows + 1)), cu_k, None, True)[0]
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)

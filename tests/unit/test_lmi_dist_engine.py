@@ -220,26 +220,28 @@ def test_reused_request_ids_and_early_stops_never_lose_a_request(
     assert engine.stats()["running"] == 0
 
 
-def test_per_request_attention_path_matches_generate(
-    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+def test_concurrent_prompts_of_many_lengths_match_generate(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
-    """Force one attention call per request (as for long prompts) and compare with generate."""
+    """Requests of different prompt lengths at once (steps that mix prefill chunks and decode rows,
+    and steps of decode rows only): each gets exactly the tokens generate gives it alone."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lmforge.engines.lmi_dist import attention
-
-    monkeypatch.setattr(attention, "WASTE_PER_CALL", -1)
     prompts = [
         "def alpha(x):\n    return x * 2\n" * 6,
         "import os\nimport sys\n" * 9,
         "class A:\n    pass\n" * 4,
+        "x",
+        "for i in range(10):\n    print(i)\n" * 3,
+        "a = 1\n" * 40,
     ]
     model = AutoModelForCausalLM.from_pretrained(engine.config.model_dir, dtype="float32").eval()
     tok = engine.tokenizer
 
     async def run_all() -> list[list[int]]:
         async def one(i: int, p: str) -> list[int]:
+            await asyncio.sleep(0.01 * i)  # arrivals spread over the first steps
             events = await collect(
                 engine, f"pr{i}", SamplingParams(max_new_tokens=12, ignore_eos=True), prompt=p
             )

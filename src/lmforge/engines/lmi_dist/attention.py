@@ -1,4 +1,4 @@
-"""Per-request ("varlen") attention for transformers' continuous batching on CPU.
+"""Per-request ("varlen") attention for transformers' continuous batching.
 
 Without flash attention, transformers 5.19 packs every request of a step into one sequence and runs
 a single dense SDPA of all query tokens against the keys of *all* requests, under a block-diagonal
@@ -6,12 +6,28 @@ mask. A decode step then costs O(batch x total context) instead of O(total conte
 with many concurrent requests slow down quadratically.
 
 :func:`install` registers, under the ``sdpa`` name that continuous batching uses, a function that
-keeps the stock path for everything except paged-cache calls, where it attends each request to its
-own keys only (causal with the right offset for chunked prefill), unless the dense call wastes
-little (few, short requests), where one call is cheaper than many. Models with sliding-window layers
-keep the stock path, whose mask encodes the window.
+keeps the stock path for everything except paged-cache calls, where each request attends to its own
+keys only:
 
-On CUDA the per-request calls exclude PyTorch's cuDNN attention backend: it builds a new execution
+* the step's new keys and values are written to the paged cache, and each request's keys are read
+  from their cache slots directly (transformers would first copy every request's keys into one packed
+  tensor, a second copy of the whole context per layer);
+* the decode rows of a step (one query each: all rows of most steps under load) attend in one batched
+  call: their keys are gathered into a padded ``[rows, kv heads, longest, dim]`` block under a padding
+  mask, and the query heads that share a key head are that head's queries (no copy of the keys per
+  query head), so a layer makes a handful of calls, not one per request;
+* prefill rows (a prompt, or a chunk of one) attend per request, causal with the right offset;
+* what a step's layout implies (lengths, cache slots, masks) is worked out once, at layer 0, and
+  reused by every later layer of the same forward pass (on CUDA that is also one host sync per step
+  instead of one per layer).
+
+A step with nothing in the cache yet (prompts only) and models with several attention kinds keep
+transformers' packed read, attending per request unless the dense call wastes little (few, short
+requests), where one call is cheaper than many.
+
+Models with sliding-window layers keep the stock path, whose mask encodes the window.
+
+On CUDA the attention calls exclude PyTorch's cuDNN attention backend: it builds a new execution
 plan for every new key length, i.e. at every decode step (measured on an H100: ~40 ms per step for a
 174 M-parameter model, against a few ms with the flash / memory-efficient kernels).
 """
@@ -19,6 +35,7 @@ plan for every new key length, i.e. at every decode step (measured on an H100: ~
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +47,86 @@ from transformers.modeling_utils import AttentionInterface
 
 _INSTALLED = False
 _GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+#: Query-key products the dense path may waste per request before one call per request is cheaper,
+#: for a product of 128 multiply-adds (heads x head dim; each call costs some fixed overhead; measured
+#: on CPU with bench/lmi_dist_attention.py on the tiny example model, 4 heads of 32)
+WASTE_PER_CALL = 4096
+_WASTE_WIDTH = 128
+
+
+@dataclass
+class _Step:
+    """One forward pass's layout, worked out at its first layer."""
+
+    cu_q: list[int]
+    cu_k: list[int]
+    direct: bool = False
+    """Read keys from their cache slots (one full-attention cache, something cached to read)."""
+    decode_rows: torch.Tensor | None = None
+    """The query rows of the requests with one query (decode rows), in request order."""
+    slots: torch.Tensor | None = None
+    """[decode rows, longest]: each decode row's key slots in the cache (padding repeats a slot)."""
+    mask: torch.Tensor | None = None
+    """[decode rows, 1, 1, longest]: True at the row's own keys."""
+    prefills: list[tuple[int, int, torch.Tensor]] | None = None
+    """Requests with several queries: (first query row, end row, their key slots)."""
+
+
+_step: _Step | None = None
+
+
+def _layout(module: torch.nn.Module, cache: Any, kwargs: dict[str, Any]) -> _Step:
+    """The current step's layout: worked out at layer 0 (or when the batch says it is another step),
+    then reused by the later layers of the same forward pass. Reads the kwargs before the cache
+    update narrows them to this layer's attention kind."""
+    global _step
+    cu_seq_q = kwargs["cu_seq_lens_q"]
+    step = _step
+    if step is not None and getattr(module, "layer_idx", 0) != 0 and len(step.cu_q) == cu_seq_q.shape[0]:
+        return step
+    allocator = cache.layer_to_allocator[module.layer_idx]
+    cu_seq_k = kwargs["cu_seq_lens_k"]
+    if isinstance(cu_seq_k, dict):
+        cu_seq_k = cu_seq_k[allocator.layer_type]
+    read_index = kwargs["read_index"][allocator.index] if kwargs.get("read_index") else None
+    step = _Step(cu_seq_q.tolist(), cu_seq_k.tolist())
+    single_kind = len(set(cache.layer_to_allocator.values())) == 1
+    if (
+        single_kind
+        and hasattr(allocator, "_kv_token_views")
+        and read_index is not None
+        and read_index.numel()
+    ):
+        _plan_direct(step, cu_seq_q, cu_seq_k.to(read_index.device), read_index)
+    _step = step
+    return step
+
+
+def _plan_direct(
+    step: _Step, cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, read_index: torch.Tensor
+) -> None:
+    device = read_index.device
+    q_lens = cu_seq_q[1:] - cu_seq_q[:-1]
+    decode = [i for i in range(len(step.cu_q) - 1) if step.cu_q[i + 1] - step.cu_q[i] == 1]
+    step.direct = True
+    step.prefills = [
+        (step.cu_q[i], step.cu_q[i + 1], read_index[step.cu_k[i] : step.cu_k[i + 1]])
+        for i in range(len(step.cu_q) - 1)
+        if step.cu_q[i + 1] - step.cu_q[i] > 1
+    ]
+    if not decode:
+        return
+    rows = torch.tensor(decode, device=device)
+    starts = cu_seq_k[:-1][rows].long()
+    lengths = (cu_seq_k[1:] - cu_seq_k[:-1])[rows].long()
+    longest = max(step.cu_k[i + 1] - step.cu_k[i] for i in decode)
+    offsets = torch.arange(longest, device=device)
+    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
+    positions = torch.where(valid, starts.unsqueeze(1) + offsets, starts.unsqueeze(1))
+    step.slots = read_index[positions]
+    step.mask = valid[:, None, None, :]
+    step.decode_rows = cu_seq_q[:-1][rows].long() if q_lens.numel() else rows
 
 
 def varlen_sdpa_forward(
@@ -49,35 +146,100 @@ def varlen_sdpa_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             is_causal=is_causal, cache=cache, **kwargs,
         )  # fmt: skip
-    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
-    cu_q = kwargs["cu_seq_lens_q"].tolist()
-    cu_k = kwargs["cu_seq_lens_k"].tolist()
-    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    step = _layout(module, cache, kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
     backends = sdpa_kernel(_GPU_BACKENDS) if query.device.type == "cuda" else contextlib.nullcontext()
     with backends:
-        if attention_mask is not None and not _per_request_pays(cu_q, cu_k):
-            out = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=gqa
-            )
+        if step.direct:
+            k_cache, v_cache = _write(cache, module.layer_idx, key, value, kwargs)
+            out = _attend_direct(query, k_cache, v_cache, step, scaling, groups)
         else:
-            out = _per_request(query, key, value, cu_q, cu_k, scaling, gqa)
+            key, value = cache.update(
+                key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs
+            )
+            cu_q, cu_k = step.cu_q, step.cu_k
+            if attention_mask is not None and not _per_request_pays(cu_q, cu_k, query.shape):
+                out = F.scaled_dot_product_attention(
+                    query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=groups > 1
+                )
+            else:
+                out = _per_request(query, key, value, cu_q, cu_k, scaling, groups > 1)
     if out.shape[2] < query.shape[2]:  # padded query rows (static shapes): keep the layout
         pad = query.new_zeros(query.shape[0], query.shape[1], query.shape[2] - out.shape[2], query.shape[3])
         out = torch.cat([out, pad], dim=2)
     return out.transpose(1, 2).contiguous(), None
 
 
-#: Query-key products the dense path may waste per request before one call per request is cheaper
-#: (each call costs some fixed overhead; measured on CPU with bench/lmi_dist_attention.py).
-WASTE_PER_CALL = 4096
+def _write(
+    cache: Any, layer_idx: int, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the step's new keys and values ([1, kv heads, rows, dim]) into their cache slots; return
+    the layer's cache as [slots, kv heads, dim] views."""
+    allocator = cache.layer_to_allocator[layer_idx]
+    k_cache, v_cache = allocator._kv_token_views[layer_idx]
+    write_index = kwargs["write_index"][allocator.index]
+    k_cache.index_copy_(0, write_index, key[0].transpose(0, 1))
+    v_cache.index_copy_(0, write_index, value[0].transpose(0, 1))
+    return k_cache, v_cache
 
 
-def _per_request_pays(cu_q: list[int], cu_k: list[int]) -> bool:
-    """Whether per-request calls beat one dense call, which also computes every cross-request product."""
+def _attend_direct(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    step: _Step,
+    scaling: float | None,
+    groups: int,
+) -> torch.Tensor:
+    """Every request's queries against its own keys, read from the cache: [1, heads, rows, dim]."""
+    rows = step.cu_q[-1]
+    out = query.new_empty(1, query.shape[1], rows, query.shape[3])
+    if step.decode_rows is not None and step.slots is not None and step.mask is not None:
+        out[0, :, step.decode_rows] = _decode_batch(
+            query[0, :, step.decode_rows], k_cache, v_cache, step.slots, step.mask, scaling, groups
+        )
+    for q0, q1, slots in step.prefills or ():
+        q_len, k_len = q1 - q0, slots.shape[0]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+        out[:, :, q0:q1] = F.scaled_dot_product_attention(
+            query[:, :, q0:q1],
+            k_cache[slots].transpose(0, 1).unsqueeze(0),
+            v_cache[slots].transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            scale=scaling,
+            enable_gqa=groups > 1,
+        )
+    return out
+
+
+def _decode_batch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None,
+    groups: int,
+) -> torch.Tensor:
+    """One query per row ([heads, rows, dim]), each against its own keys: [heads, rows, dim] out.
+
+    The ``groups`` query heads that share a key head attend as that head's ``groups`` queries, so the
+    keys are never repeated per query head."""
+    heads, rows, dim = query.shape
+    q = query.transpose(0, 1).reshape(rows, heads // groups, groups, dim)  # [rows, kv heads, groups, dim]
+    k = k_cache[slots].transpose(1, 2)  # [rows, kv heads, longest, dim]
+    v = v_cache[slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    return out.reshape(rows, heads, dim).transpose(0, 1)
+
+
+def _per_request_pays(cu_q: list[int], cu_k: list[int], shape: tuple[int, ...] = (1, 4, 0, 32)) -> bool:
+    """Whether per-request calls beat one dense call, which also computes every cross-request product
+    (a product costs heads x head dim multiply-adds; ``shape`` is the query's [1, heads, rows, dim])."""
     n = len(cu_q) - 1
     needed = sum((cu_q[i + 1] - cu_q[i]) * (cu_k[i + 1] - cu_k[i]) for i in range(n))
     dense = cu_q[-1] * cu_k[-1]
-    return dense - needed > n * WASTE_PER_CALL
+    return (dense - needed) * shape[1] * shape[3] > n * WASTE_PER_CALL * _WASTE_WIDTH
 
 
 def _per_request(

@@ -94,6 +94,10 @@ def build(cfg: ServingConfig) -> Built:
     if world == 1 and torch.cuda.is_available():
         model = model.to("cuda")
     model.eval()
+    if world == 1:
+        from lmforge.engines.lmi_dist.cpu_linear import prepack
+
+        prepack(model, cfg.max_rolling_batch_size)
     mark("weights")
 
     text_cfg = model.config.get_text_config()

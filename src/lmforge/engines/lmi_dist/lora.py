@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
+from lmforge.engines.lmi_dist.cpu_linear import base_linear
 from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ Factors = tuple[torch.Tensor, torch.Tensor]
 
 
 def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    out = F.linear(x, self.weight, self.bias)
+    out = base_linear(self, x)
     runtime: LoraLayers | None = getattr(self, "_lmforge_runtime", None)
     groups = runtime.groups if runtime is not None else ()
     if not groups:
