@@ -336,6 +336,10 @@ BAD_BODIES = [
     (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages.0.role"),
     (b'{"messages": []}', "messages"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', "max_tokens"),
+    (
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000}',
+        "max_completion_tokens",
+    ),
     (b"\xff\xfe", "body"),
 ]
 
@@ -349,6 +353,8 @@ def test_bad_requests_get_400_naming_the_field(tiny_model: Path) -> None:
         assert status == 400, (body, err)
         assert (err["code"], err["type"], err["param"]) == (400, "bad_request", param), (body, err)
         assert err["message"]
+        if param.endswith("max_new_tokens") or param.startswith("max_"):  # the engine's size check too
+            assert param.rpartition(".")[2] in err["message"], err
 
 
 def test_size_and_media_type_errors(tiny_model: Path) -> None:

@@ -14,13 +14,15 @@ import pytest
 from lmforge.config import load_config
 from lmforge.engines.lmi_dist.engine import LmiDistEngine
 from lmforge.engines.protocol import (
+    FieldError,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    RequestField,
     SamplingParams,
     StructuredOutput,
 )
-from lmforge.errors import BadRequestError, EngineDeadError
+from lmforge.errors import EngineDeadError
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +55,9 @@ async def collect(
 def test_request_larger_than_max_model_len_is_rejected_up_front(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
-    with pytest.raises(BadRequestError) as err:
+    with pytest.raises(FieldError) as err:
         loop.run_until_complete(collect(engine, "big", SamplingParams(max_new_tokens=engine.max_model_len)))
-    assert err.value.param == "parameters.max_new_tokens"
+    assert err.value.field is RequestField.MAX_NEW_TOKENS
     assert str(engine.max_model_len) in err.value.message
     # The loop survived: the next request works.
     events = loop.run_until_complete(collect(engine, "ok", SamplingParams(max_new_tokens=4)))
@@ -293,10 +295,10 @@ def test_structured_output_constrains_only_its_own_rows(
 def test_a_schema_that_cannot_compile_is_a_400_before_any_token(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
-    bad = StructuredOutput("json_schema", '{"type": "no-such-type"}', "response_format.json_schema.schema")
-    with pytest.raises(BadRequestError) as err:
+    bad = StructuredOutput("json_schema", '{"type": "no-such-type"}')
+    with pytest.raises(FieldError) as err:
         loop.run_until_complete(collect(engine, "bad", SamplingParams(max_new_tokens=4, structured=bad)))
-    assert err.value.param == "response_format.json_schema.schema"
+    assert err.value.field is RequestField.STRUCTURED  # from the engine core, across its pipe
     events = loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=4)))
     assert events[-1].finish_reason == FinishReason.LENGTH
 

@@ -36,7 +36,14 @@ from lmforge.engines.base import EngineBase
 from lmforge.engines.lmi_dist import ipc
 from lmforge.engines.lmi_dist.client import CoreProcess
 from lmforge.engines.lmi_dist.lora_slots import LoraSlots
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import (
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
@@ -178,10 +185,12 @@ class LmiDistEngine(EngineBase):
             return None
         assert self._core is not None and self._core.ready is not None
         if self._lora is not None or self._core.ready.world > 1:
-            raise BadRequestError(
-                "echo with logprobs (the prompt's log-probs) is not available on lmi-dist with "
-                "option.enable_lora=true or tensor parallelism; use option.rolling_batch=vllm",
-                param="echo",
+            raise FieldError(
+                RequestField.PROMPT_LOGPROBS,
+                "the prompt's log-probs (",
+                RequestField.PROMPT_LOGPROBS,
+                " with logprobs) are not available on lmi-dist with option.enable_lora=true or tensor "
+                "parallelism; use option.rolling_batch=vllm",
             )
         decode = self._tokenizer.decode
         scored = await self._core.call("score_prompt", ids=ids, top_n=top_n)
@@ -234,7 +243,7 @@ class LmiDistEngine(EngineBase):
                 out = live.outputs.popleft()
                 if out.status == ipc.REJECTED:
                     live.engine_done = True
-                    raise BadRequestError(out.error or "the request was refused", param=out.param)
+                    raise _refusal(out)
                 live.engine_done = out.status != ipc.RUNNING
                 tokens = self._tokens(out, params.top_n_logprobs)
                 for event in stream.step(tokens, self._done(out, params), out.error or ""):
@@ -283,6 +292,16 @@ class LmiDistEngine(EngineBase):
         if reason == "aborted":
             return stream.end(FinishReason.ABORT)
         return stream.end(FinishReason.ERROR, reason, ERROR_TABLE["engine_dead"].status)
+
+
+def _refusal(out: ipc.Out) -> BadRequestError:
+    """The core's refusal of a request (a grammar that cannot compile, ...). Its field comes back as
+    its neutral id; its text as the core wrote it (fields named in a core's message keep their ids)."""
+    text = out.error or "the request was refused"
+    try:
+        return FieldError(RequestField(out.param or ""), text)
+    except ValueError:  # not a request field
+        return BadRequestError(text, param=out.param)
 
 
 class _Installer:

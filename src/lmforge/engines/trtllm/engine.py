@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.engines.protocol import (
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    SamplingParams,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
@@ -211,22 +219,18 @@ class TrtllmEngine(EngineBase):
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
         unmapped = {
-            "min_tokens": params.min_new_tokens,
-            "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
-            "min_p": params.min_p,
-            "logit_bias": params.logit_bias,
-            "stop_token_ids": params.stop_token_ids,
-            params.structured.param if params.structured else "response_format": params.structured,
-            "echo": params.prompt_logprobs is not None,  # with logprobs: the prompt's log-probs
+            RequestField.MIN_NEW_TOKENS: params.min_new_tokens,
+            RequestField.PRESENCE_PENALTY: params.presence_penalty,
+            RequestField.FREQUENCY_PENALTY: params.frequency_penalty,
+            RequestField.MIN_P: params.min_p,
+            RequestField.LOGIT_BIAS: params.logit_bias,
+            RequestField.STOP_TOKEN_IDS: params.stop_token_ids,
+            RequestField.STRUCTURED: params.structured,
+            RequestField.PROMPT_LOGPROBS: params.prompt_logprobs is not None,
         }
         asked = next((name for name, value in unmapped.items() if value), None)
         if asked is not None:
-            raise BadRequestError(
-                f"{asked} is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM "
-                "honour it)",
-                param=asked,
-            )
+            raise not_supported(asked)
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,
@@ -243,10 +247,10 @@ class TrtllmEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, ids = self.prepare(request)
         if self.max_input_len is not None and len(ids) > self.max_input_len:
-            raise BadRequestError(
+            raise FieldError(
+                RequestField.PROMPT,
                 f"the prompt has {len(ids)} tokens; the engine takes at most "
                 f"{self.max_input_len} (option.max_input_len)",
-                param="inputs",
             )
         rid = request.request_id
         lora = self._loras.get(request.adapter)
@@ -312,6 +316,13 @@ class TrtllmEngine(EngineBase):
         elif isinstance(position, float | int):
             log_prob = float(position)
         return Token(tid, "", log_prob, special=tid in self._eos_ids, top_logprobs=top)
+
+
+def not_supported(field: RequestField) -> FieldError:
+    """The 400 for a request field this backend does not map to TensorRT-LLM yet."""
+    return FieldError(
+        field, field, " is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM honour it)"
+    )
 
 
 def _logprob(entry: Any) -> float:

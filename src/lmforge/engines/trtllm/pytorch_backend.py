@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.trtllm.engine import TrtllmEngine
-from lmforge.errors import BadRequestError, NotReadyError
+from lmforge.engines.protocol import RequestField
+from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported
+from lmforge.errors import NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
@@ -155,17 +156,9 @@ class TrtllmPytorchEngine(TrtllmEngine):
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
         if params.logit_bias:
-            raise BadRequestError(
-                "logit_bias is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM "
-                "honour it)",
-                param="logit_bias",
-            )
+            raise not_supported(RequestField.LOGIT_BIAS)
         if params.structured is not None:
-            raise BadRequestError(
-                f"{params.structured.param} is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist "
-                "and vLLM honour it)",
-                param=params.structured.param,
-            )
+            raise not_supported(RequestField.STRUCTURED)
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,

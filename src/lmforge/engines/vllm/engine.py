@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.engines.protocol import (
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    SamplingParams,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.engines.vllm.prompt_scores import prompt_scores
 from lmforge.errors import (
@@ -51,17 +59,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.engines.vllm")
 
 
-#: vLLM's SamplingParams names -> the LMI request fields they come from (for 400 messages)
-_LMI_FIELD = {
-    "temperature": "parameters.temperature",
-    "top_p": "parameters.top_p",
-    "top_k": "parameters.top_k",
-    "repetition_penalty": "parameters.repetition_penalty",
-    "seed": "parameters.seed",
-    "max_tokens": "parameters.max_new_tokens",
-    "logprobs": "parameters.top_n_tokens",
-    "prompt_logprobs": "echo",
-    "prompt": "inputs",
+F = RequestField
+#: the parameter a vLLM refusal names (``VLLMValidationError.parameter``: vLLM's SamplingParams names,
+#: ``prompt``) -> lmforge's request field
+_FIELD = {
+    "max_tokens": F.MAX_NEW_TOKENS,
+    "min_tokens": F.MIN_NEW_TOKENS,
+    "temperature": F.TEMPERATURE,
+    "top_k": F.TOP_K,
+    "top_p": F.TOP_P,
+    "min_p": F.MIN_P,
+    "repetition_penalty": F.REPETITION_PENALTY,
+    "presence_penalty": F.PRESENCE_PENALTY,
+    "frequency_penalty": F.FREQUENCY_PENALTY,
+    "seed": F.SEED,
+    "logprobs": F.TOP_N_LOGPROBS,
+    "prompt_logprobs": F.PROMPT_LOGPROBS,
+    "logit_bias": F.LOGIT_BIAS,
+    "stop_token_ids": F.STOP_TOKEN_IDS,
+    "structured_outputs": F.STRUCTURED,
+    "prompt": F.PROMPT,
 }
 
 
@@ -257,10 +274,8 @@ class VllmEngine(EngineBase):
                 detokenize=False,
             )
         except (VLLMValidationError, ValueError) as exc:
-            name = getattr(exc, "parameter", None)
-            raise BadRequestError(
-                f"vLLM refuses this request: {exc}", param=_LMI_FIELD.get(str(name), "parameters")
-            ) from None
+            field = _FIELD.get(str(getattr(exc, "parameter", None)), F.PARAMS)
+            raise FieldError(field, f"vLLM refuses this request: {exc}") from None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, prompt_ids = self.prepare(request)
@@ -285,9 +300,9 @@ class VllmEngine(EngineBase):
                 try:
                     output = await anext(stream)
                 except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
-                    name = getattr(exc, "parameter", None)
-                    fallback = params.structured.param if params.structured is not None else "inputs"
-                    raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), fallback)) from None
+                    fallback = F.STRUCTURED if params.structured is not None else F.PROMPT
+                    field = _FIELD.get(str(getattr(exc, "parameter", None)), fallback)
+                    raise FieldError(field, str(exc)) from None
                 scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
                 while True:
                     if live.aborted:
