@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -65,24 +66,34 @@ def test_request_larger_than_max_model_len_is_rejected_up_front(
     engine.check_health()
 
 
-def test_abort_sends_a_final_event_and_frees_the_slot(
-    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
+    """What the server does when a client goes away: it stops iterating and closes the stream. The
+    request stops, its batch slot is free for the next one and it counts as aborted."""
+    engine = make_engine(tiny_model, loop, OPTION_MAX_ROLLING_BATCH_SIZE="1")
+    params = SamplingParams(max_new_tokens=500, ignore_eos=True)
+
     async def scenario() -> list[GenerationEvent]:
         got: list[GenerationEvent] = []
-        params = SamplingParams(max_new_tokens=500, ignore_eos=True)
-        async for event in engine.generate(GenerationRequest("abort-me", "def ", params)):
-            got.append(event)
-            if len(got) == 3:
-                await engine.abort("abort-me")
-                await engine.abort("abort-me")  # idempotent
+        before = engine.stats()["aborted_total"]
+        async with contextlib.aclosing(engine.generate(GenerationRequest("close-me", "def ", params))) as s:
+            async for event in s:
+                got.append(event)
+                if len(got) == 3:
+                    break
+        assert engine.stats()["running"] == 0
+        assert engine.stats()["aborted_total"] == before + 1
+        # the only batch slot is free again: the next request runs to its end
+        after = await asyncio.wait_for(collect(engine, "next", SamplingParams(max_new_tokens=4)), 30)
+        assert after[-1].finish_reason == FinishReason.LENGTH
         return got
 
-    got = loop.run_until_complete(scenario())
-    assert got[-1].finish_reason == FinishReason.ABORT
-    assert got[-1].token is None
-    assert len(got) < 50
-    assert engine.stats()["running"] == 0
+    try:
+        got = loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(engine.shutdown())
+    assert len(got) == 3 and not any(e.finished for e in got)
 
 
 def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:

@@ -16,9 +16,9 @@ What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.1
 * per-request sampling, seeds, penalties, grammars and true log-probs (:mod:`.sampler`);
 * per-request attention instead of one dense attention over all histories (:mod:`.attention`);
 * per-request LoRA adapters in one batch (:mod:`.lora`, slots in :mod:`.lora_slots`);
-* a final event for cancelled requests (the manager sends none), and supervision: when the core's
-  generation loop or a tensor-parallel rank fails, or the core process dies, every in-flight stream
-  ends with an error and the engine reports unhealthy;
+* cancellation: a stream closed early (a client that went away) cancels its request in the core;
+* supervision: when the core's generation loop or a tensor-parallel rank fails, or the core process
+  dies, every in-flight stream ends with an error and the engine reports unhealthy;
 * tensor parallelism with one process per rank (:mod:`.distributed`), the core being rank 0.
 """
 
@@ -61,6 +61,7 @@ class _Live:
     outputs: deque[ipc.Out] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     dead_error: str | None = None
+    """Why the engine can no longer serve it (shutdown, a dead core): the stream ends with this error."""
     engine_done: bool = False
     """The core sent its last output for this request (finished, failed or refused)."""
 
@@ -173,12 +174,6 @@ class LmiDistEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        for rid, live in self._live.items():
-            if rid.rpartition("#")[0] == request_id and live.dead_error is None:
-                live.dead_error = "aborted"
-                live.wake.set()
-
     async def _score_prompt(self, ids: list[int], top_n: int | None) -> list[Token] | None:
         """The prompt's log-probs when asked (:mod:`.prompt_scores`, computed by the engine core)."""
         if top_n is None:
@@ -234,7 +229,8 @@ class LmiDistEngine(EngineBase):
             while True:
                 if not live.outputs:
                     if live.dead_error is not None:
-                        for event in self._ended(stream, live.dead_error):
+                        status = ERROR_TABLE["engine_dead"].status
+                        for event in stream.end(FinishReason.ERROR, live.dead_error, status):
                             yield event
                         return
                     live.wake.clear()
@@ -260,7 +256,7 @@ class LmiDistEngine(EngineBase):
                 self._slots.release()
             if submitted and not stream.finished:
                 self._counters["aborted_total"] += 1
-            if submitted and not live.engine_done:  # stopped early (stop string, abort, disconnect)
+            if submitted and not live.engine_done:  # stopped early (a stop string, a closed stream)
                 self._core.send(ipc.Cancel(rid))
             if adapter_held and lora is not None and adapter is not None:
                 lora.release(adapter)
@@ -285,13 +281,6 @@ class LmiDistEngine(EngineBase):
         if last in params.stop_token_ids or (last in self._eos_ids and not params.ignore_eos):
             return FinishReason.EOS
         return FinishReason.LENGTH
-
-    @staticmethod
-    def _ended(stream: TokenStream, reason: str) -> list[GenerationEvent]:
-        """The last events of a request that was aborted or lost to a dead engine."""
-        if reason == "aborted":
-            return stream.end(FinishReason.ABORT)
-        return stream.end(FinishReason.ERROR, reason, ERROR_TABLE["engine_dead"].status)
 
 
 def _refusal(out: ipc.Out) -> BadRequestError:

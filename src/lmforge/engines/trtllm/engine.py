@@ -71,7 +71,7 @@ class TrtllmEngine(EngineBase):
         self.max_lora_rank: int | None = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
-        self._live: dict[str, Any] = {}
+        self._running = 0
         self._dead: str | None = None
         # LoRA: adapter id -> TensorRT-LLM's LoRARequest (registered, not removed); running requests per id
         self._lora_layers: dict[str, tuple[int, int]] | None = None
@@ -151,7 +151,7 @@ class TrtllmEngine(EngineBase):
 
     def stats(self) -> dict[str, float]:
         healthy = float(self._llm is not None and self._dead is None)
-        return {"running": float(len(self._live)), "waiting": 0.0, **self._counters, "healthy": healthy}
+        return {"running": float(self._running), "waiting": 0.0, **self._counters, "healthy": healthy}
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -211,11 +211,6 @@ class TrtllmEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        result = self._live.get(request_id)
-        if result is not None:
-            result.abort()
-
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
         unmapped = {
@@ -257,7 +252,7 @@ class TrtllmEngine(EngineBase):
         result = self._llm.generate_async(
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
         )
-        self._live[rid] = result
+        self._running += 1
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
@@ -280,7 +275,7 @@ class TrtllmEngine(EngineBase):
                     yield event
                 if state.finished:
                     return
-            if not state.finished:
+            if not state.finished:  # the results ended unfinished: TensorRT-LLM cancelled the request
                 for event in state.end(FinishReason.ABORT):
                     yield event
         except Exception as exc:  # TensorRT-LLM raises a request's error while it is iterated
@@ -291,11 +286,10 @@ class TrtllmEngine(EngineBase):
             for event in state.end(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status):
                 yield event
         finally:
-            if not state.finished:
+            if not state.finished:  # the stream was closed early: the request stops in TensorRT-LLM
                 self._counters["aborted_total"] += 1
                 result.abort()
-            if self._live.get(rid) is result:
-                del self._live[rid]
+            self._running -= 1
             if lora is not None:
                 self._loras.done(lora.lora_int_id)
 

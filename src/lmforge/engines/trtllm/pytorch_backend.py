@@ -8,7 +8,7 @@ and, for ``option.enable_lora``, a ``LoraConfig``; nothing is compiled, the star
 capturing CUDA graphs. ``option.trtllm_async_llm=true`` makes an ``AsyncLLM`` instead (Ray orchestrator)
 and awaits its ``setup_async()``.
 
-Requests, streaming, abort, log-probs, finish reasons and per-request ``LoRARequest`` are the 1.2
+Requests, streaming, cancellation, log-probs, finish reasons and per-request ``LoRARequest`` are the 1.2
 backend's (:class:`.engine.TrtllmEngine`, whose generate loop is the same on both APIs); the sampling
 fields the PyTorch sampler takes natively (``min_tokens``, presence / frequency penalties, ``min_p``,
 ``stop_token_ids``) are passed through here instead of being refused.

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -82,12 +81,6 @@ _FIELD = {
 }
 
 
-@dataclasses.dataclass
-class _Live:
-    vllm_id: str
-    aborted: bool = False
-
-
 class VllmEngine(EngineBase):
     name = "vllm"
 
@@ -96,7 +89,6 @@ class VllmEngine(EngineBase):
         self._llm: Any = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
-        self._live: dict[str, _Live] = {}
         self._submissions = 0
         # LoRA: adapter id -> vLLM's LoRARequest (registered, not removed); running requests per adapter
         self._lora_layers: dict[str, tuple[int, int]] | None = None
@@ -229,13 +221,6 @@ class VllmEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        live = self._live.get(request_id)
-        if live is not None:
-            live.aborted = True  # also covers a request vLLM has not registered yet
-            if self._llm is not None:
-                await self._llm.abort(live.vllm_id)
-
     def _sampling_params(self, params: SamplingParams) -> Any:
         """vLLM's SamplingParams; vLLM's own limits become 400s naming the LMI field."""
         from vllm import SamplingParams as VllmSamplingParams
@@ -280,21 +265,19 @@ class VllmEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, prompt_ids = self.prepare(request)
         sampling = self._sampling_params(params)
-        rid = request.request_id
         lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
         self._submissions += 1
-        live = _Live(f"{rid}#{self._submissions}")  # unique per submission, even when callers reuse ids
-        self._live[rid] = live
+        vllm_id = f"{request.request_id}#{self._submissions}"  # unique per submission: callers reuse ids
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
         try:
             stream = self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, sampling, live.vllm_id, lora_request=lora
+                {"prompt_token_ids": prompt_ids}, sampling, vllm_id, lora_request=lora
             )
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
@@ -305,10 +288,6 @@ class VllmEngine(EngineBase):
                     raise FieldError(field, str(exc)) from None
                 scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
                 while True:
-                    if live.aborted:
-                        for event in state.end(FinishReason.ABORT):
-                            yield event
-                        return
                     for event in self._events(output, params, state):
                         if scored is not None:  # the first event carries the prompt's log-probs
                             event.prompt_logprobs, scored = scored, None
@@ -326,8 +305,6 @@ class VllmEngine(EngineBase):
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1
-            if self._live.get(rid) is live:
-                del self._live[rid]
             if lora is not None:
                 self._loras.done(lora.lora_int_id)
 
