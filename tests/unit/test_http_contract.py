@@ -384,6 +384,11 @@ def test_at_capacity_is_refused_with_retry_after_and_the_queue_drains(tiny_model
         assert 'lmforge_responses_total{code="200"} 2' in metrics
         assert f'lmforge_responses_total{{code="{over.status_code}"}} 1' in metrics
         assert "lmforge_engine_requests_total 2" in metrics
+        assert "# TYPE lmforge_engine_requests_total counter" in metrics
+        assert "lmforge_engine_running 0" in metrics and "lmforge_engine_healthy 1" in metrics
+        names = {line.split()[0] for line in metrics.splitlines() if line.startswith("lmforge_engine_")}
+        every = ("running", "waiting", "requests_total", "aborted_total", "tokens_total", "healthy")
+        assert names == {f"lmforge_engine_{name}" for name in every}
 
     run(tiny_model, scenario, properties="option.max_rolling_batch_size=1\njob_queue_size=1\n")
 
@@ -533,6 +538,8 @@ def test_a_user_model_py_serves_its_own_answers_and_errors(tiny_model: Path) -> 
             assert resp.status_code == 424, resp.text
             assert words in resp.json()["message"] and "Traceback" not in resp.text
         assert (await srv.client.get("/ping")).status_code == 200
+        metrics = (await srv.client.get("/metrics")).text  # the server's own, no engine of ours
+        assert "lmforge_responses_total" in metrics and "lmforge_engine_" not in metrics
 
     run(tiny_model, scenario, files={"model.py": ECHO_HANDLER})
 

@@ -76,14 +76,14 @@ def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
 
     async def scenario() -> list[GenerationEvent]:
         got: list[GenerationEvent] = []
-        before = engine.stats()["aborted_total"]
+        before = engine.stats().aborted_total
         async with contextlib.aclosing(engine.generate(GenerationRequest("close-me", "def ", params))) as s:
             async for event in s:
                 got.append(event)
                 if len(got) == 3:
                     break
-        assert engine.stats()["running"] == 0
-        assert engine.stats()["aborted_total"] == before + 1
+        assert engine.stats().running == 0
+        assert engine.stats().aborted_total == before + 1
         # the only batch slot is free again: the next request runs to its end
         after = await asyncio.wait_for(collect(engine, "next", SamplingParams(max_new_tokens=4)), 30)
         assert after[-1].finish_reason == FinishReason.LENGTH
@@ -98,14 +98,14 @@ def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
 
 def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
     async def scenario() -> None:
-        before = engine.stats()["aborted_total"]
+        before = engine.stats().aborted_total
         stream = engine.generate(
             GenerationRequest("close-me", "def ", SamplingParams(max_new_tokens=500, ignore_eos=True))
         )
         await anext(stream)
         await stream.aclose()
-        assert engine.stats()["running"] == 0
-        assert engine.stats()["aborted_total"] == before + 1
+        assert engine.stats().running == 0
+        assert engine.stats().aborted_total == before + 1
 
     loop.run_until_complete(scenario())
 
@@ -119,7 +119,7 @@ def _in_flight_then(
         params = SamplingParams(max_new_tokens=500, ignore_eos=True)
         streams = [collect(engine, f"d{i}", params) for i in range(3)]
         tasks = [asyncio.ensure_future(s) for s in streams]
-        while engine.stats()["tokens_total"] < 6:
+        while engine.stats().tokens_total < 6:
             await asyncio.sleep(0.01)
         await breaker()  # type: ignore[operator]
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
@@ -139,7 +139,7 @@ def _assert_dead(
         engine.check_health()
     with pytest.raises(EngineDeadError):
         loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=3)))
-    assert engine.stats()["healthy"] == 0.0
+    assert not engine.stats().healthy
 
 
 def test_a_failing_generation_loop_ends_in_flight_requests_and_the_core(
@@ -230,7 +230,7 @@ def test_reused_request_ids_and_early_stops_never_lose_a_request(
 
     results = loop.run_until_complete(asyncio.wait_for(scenario(), timeout=60))
     assert [r[-1].finish_reason for r in results] == [FinishReason.STOP_SEQUENCE, FinishReason.LENGTH] * 5
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_per_request_attention_path_matches_generate(
@@ -300,7 +300,7 @@ def test_structured_output_constrains_only_its_own_rows(
     json_object = SamplingParams(max_new_tokens=6, structured=StructuredOutput("json_object"))
     first = loop.run_until_complete(collect(engine, "obj", json_object))[0]
     assert first.token is not None and first.token.text.startswith("{")
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_a_schema_that_cannot_compile_is_a_400_before_any_token(

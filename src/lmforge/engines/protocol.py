@@ -232,8 +232,8 @@ class Engine(Protocol):
 
     def check_health(self) -> None: ...
 
-    def stats(self) -> dict[str, float]:
-        """Gauges and counters for ``/metrics`` (``running``, ``waiting``, ...)."""
+    def stats(self) -> EngineStats:
+        """Gauges and counters for ``/metrics``."""
 
     async def shutdown(self) -> None: ...
 

@@ -11,7 +11,13 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import FieldError, GenerationEvent, GenerationRequest, SamplingParams
+from lmforge.engines.protocol import (
+    EngineStats,
+    FieldError,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingParams,
+)
 from lmforge.errors import BadRequestError, LmforgeError, NotFoundError
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers import openai_formatters as ofmt
@@ -135,7 +141,7 @@ class DefaultHandler:
     def check_health(self) -> None:
         self.engine.check_health()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
     async def shutdown(self) -> None:

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import EngineStats, FinishReason, GenerationEvent, GenerationRequest, Token
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import EngineDeadError, LmforgeError
 
@@ -113,8 +113,8 @@ class ScriptedEngine(EngineBase):
         if not self._alive:
             raise EngineDeadError("the scripted engine is dead")
 
-    def stats(self) -> dict[str, float]:
-        return {**self._counters, "running": float(self._running)}
+    def stats(self) -> EngineStats:
+        return self._stats(self._running, healthy=self._alive)
 
     async def shutdown(self) -> None:
         self._alive = False

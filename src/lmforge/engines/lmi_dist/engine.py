@@ -37,6 +37,7 @@ from lmforge.engines.lmi_dist import ipc
 from lmforge.engines.lmi_dist.client import CoreProcess
 from lmforge.engines.lmi_dist.lora_slots import LoraSlots
 from lmforge.engines.protocol import (
+    EngineStats,
     FieldError,
     FinishReason,
     GenerationEvent,
@@ -79,7 +80,8 @@ class LmiDistEngine(EngineBase):
         self._slots: asyncio.Semaphore | None = None
         self._live: dict[str, _Live] = {}
         self._submissions = 0
-        self._counters["waiting"] = 0.0
+        self._waiting = 0
+        """Requests admitted and waiting for a batch slot (or an adapter slot)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -142,13 +144,13 @@ class LmiDistEngine(EngineBase):
         if core is None or core.ready is None:
             raise NotReadyError("lmi-dist engine is not running")
 
-    def stats(self) -> dict[str, float]:
-        running = len(self._live) - self._counters["waiting"]
-        healthy = self._core is not None and self._core.dead is None
-        out = {"running": float(running), **self._counters, "healthy": float(healthy)}
-        if self._lora is not None:
-            out.update(self._lora.stats())
-        return out
+    def stats(self) -> EngineStats:
+        return self._stats(
+            len(self._live) - self._waiting,
+            waiting=self._waiting,
+            healthy=self._core is not None and self._core.dead is None,
+            extra=self._lora.stats() if self._lora is not None else None,
+        )
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -209,14 +211,14 @@ class LmiDistEngine(EngineBase):
         stream = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         ends = [*([] if params.ignore_eos else sorted(self._eos_ids)), *params.stop_token_ids]
         self._counters["requests_total"] += 1
-        self._counters["waiting"] += 1
+        self._waiting += 1
         waiting, submitted, adapter_held = True, False, False
         try:
             if lora is not None and adapter is not None:
                 await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
                 adapter_held = True
             await self._slots.acquire()
-            self._counters["waiting"] -= 1
+            self._waiting -= 1
             waiting = False
             if live.dead_error is None:
                 self.check_health()
@@ -251,7 +253,7 @@ class LmiDistEngine(EngineBase):
                     return
         finally:
             if waiting:
-                self._counters["waiting"] -= 1
+                self._waiting -= 1
             else:
                 self._slots.release()
             if submitted and not stream.finished:

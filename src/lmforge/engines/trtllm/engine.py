@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import (
+    EngineStats,
     FieldError,
     FinishReason,
     GenerationEvent,
@@ -149,9 +150,8 @@ class TrtllmEngine(EngineBase):
         if self._llm is None:
             raise NotReadyError("the TensorRT-LLM engine is not running")
 
-    def stats(self) -> dict[str, float]:
-        healthy = float(self._llm is not None and self._dead is None)
-        return {"running": float(self._running), "waiting": 0.0, **self._counters, "healthy": healthy}
+    def stats(self) -> EngineStats:
+        return self._stats(self._running, healthy=self._llm is not None and self._dead is None)
 
     # ------------------------------------------------------------------ LoRA adapters
 

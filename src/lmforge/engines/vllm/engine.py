@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
 from lmforge.engines.protocol import (
+    EngineStats,
     FieldError,
     FinishReason,
     GenerationEvent,
@@ -156,13 +157,10 @@ class VllmEngine(EngineBase):
         if self._llm.errored:
             raise EngineDeadError("the vLLM engine is dead (its engine-core process stopped)")
 
-    def stats(self) -> dict[str, float]:
-        running = 0.0
-        healthy = 0.0
-        if self._llm is not None and not self._llm.errored:
-            running = float(self._llm.output_processor.get_num_unfinished_requests())
-            healthy = 1.0
-        return {"running": running, "waiting": 0.0, **self._counters, "healthy": healthy}
+    def stats(self) -> EngineStats:
+        if self._llm is None or self._llm.errored:
+            return self._stats(0, healthy=False)
+        return self._stats(int(self._llm.output_processor.get_num_unfinished_requests()), healthy=True)
 
     # ------------------------------------------------------------------ LoRA adapters
 
