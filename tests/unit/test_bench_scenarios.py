@@ -77,21 +77,6 @@ def test_noop_engine_obeys_the_engine_protocol(engine: Any) -> None:
     assert engine.stats()["running"] == 0
 
 
-def test_noop_engine_abort_ends_the_stream_with_a_final_event(engine: Any) -> None:
-    async def run() -> list[GenerationEvent]:
-        out = []
-        async for event in engine.generate(_request("b", 100)):
-            out.append(event)
-            if len(out) == 3:
-                await engine.abort("b")
-        return out
-
-    events = asyncio.run(run())
-    assert len(events) == 4
-    assert events[-1].token is None and events[-1].finish_reason == FinishReason.ABORT
-    asyncio.run(engine.abort("b"))  # idempotent, request gone
-
-
 def test_noop_engine_aclose_aborts_and_frees_the_request(engine: Any) -> None:
     before = engine.stats()["aborted_total"]
 

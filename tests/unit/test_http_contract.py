@@ -336,6 +336,10 @@ BAD_BODIES = [
     (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages.0.role"),
     (b'{"messages": []}', "messages"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}', "max_tokens"),
+    (
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100000}',
+        "max_completion_tokens",
+    ),
     (b"\xff\xfe", "body"),
 ]
 
@@ -349,6 +353,8 @@ def test_bad_requests_get_400_naming_the_field(tiny_model: Path) -> None:
         assert status == 400, (body, err)
         assert (err["code"], err["type"], err["param"]) == (400, "bad_request", param), (body, err)
         assert err["message"]
+        if param.endswith("max_new_tokens") or param.startswith("max_"):  # the engine's size check too
+            assert param.rpartition(".")[2] in err["message"], err
 
 
 def test_size_and_media_type_errors(tiny_model: Path) -> None:
@@ -378,6 +384,11 @@ def test_at_capacity_is_refused_with_retry_after_and_the_queue_drains(tiny_model
         assert 'lmforge_responses_total{code="200"} 2' in metrics
         assert f'lmforge_responses_total{{code="{over.status_code}"}} 1' in metrics
         assert "lmforge_engine_requests_total 2" in metrics
+        assert "# TYPE lmforge_engine_requests_total counter" in metrics
+        assert "lmforge_engine_running 0" in metrics and "lmforge_engine_healthy 1" in metrics
+        names = {line.split()[0] for line in metrics.splitlines() if line.startswith("lmforge_engine_")}
+        every = ("running", "waiting", "requests_total", "aborted_total", "tokens_total", "healthy")
+        assert names == {f"lmforge_engine_{name}" for name in every}
 
     run(tiny_model, scenario, properties="option.max_rolling_batch_size=1\njob_queue_size=1\n")
 
@@ -527,6 +538,8 @@ def test_a_user_model_py_serves_its_own_answers_and_errors(tiny_model: Path) -> 
             assert resp.status_code == 424, resp.text
             assert words in resp.json()["message"] and "Traceback" not in resp.text
         assert (await srv.client.get("/ping")).status_code == 200
+        metrics = (await srv.client.get("/metrics")).text  # the server's own, no engine of ours
+        assert "lmforge_responses_total" in metrics and "lmforge_engine_" not in metrics
 
     run(tiny_model, scenario, files={"model.py": ECHO_HANDLER})
 

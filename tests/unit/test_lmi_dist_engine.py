@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,13 +15,15 @@ import pytest
 from lmforge.config import load_config
 from lmforge.engines.lmi_dist.engine import LmiDistEngine
 from lmforge.engines.protocol import (
+    FieldError,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    RequestField,
     SamplingParams,
     StructuredOutput,
 )
-from lmforge.errors import BadRequestError, EngineDeadError
+from lmforge.errors import EngineDeadError
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +56,9 @@ async def collect(
 def test_request_larger_than_max_model_len_is_rejected_up_front(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
-    with pytest.raises(BadRequestError) as err:
+    with pytest.raises(FieldError) as err:
         loop.run_until_complete(collect(engine, "big", SamplingParams(max_new_tokens=engine.max_model_len)))
-    assert err.value.param == "parameters.max_new_tokens"
+    assert err.value.field is RequestField.MAX_NEW_TOKENS
     assert str(engine.max_model_len) in err.value.message
     # The loop survived: the next request works.
     events = loop.run_until_complete(collect(engine, "ok", SamplingParams(max_new_tokens=4)))
@@ -63,36 +66,46 @@ def test_request_larger_than_max_model_len_is_rejected_up_front(
     engine.check_health()
 
 
-def test_abort_sends_a_final_event_and_frees_the_slot(
-    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
+def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
+    """What the server does when a client goes away: it stops iterating and closes the stream. The
+    request stops, its batch slot is free for the next one and it counts as aborted."""
+    engine = make_engine(tiny_model, loop, OPTION_MAX_ROLLING_BATCH_SIZE="1")
+    params = SamplingParams(max_new_tokens=500, ignore_eos=True)
+
     async def scenario() -> list[GenerationEvent]:
         got: list[GenerationEvent] = []
-        params = SamplingParams(max_new_tokens=500, ignore_eos=True)
-        async for event in engine.generate(GenerationRequest("abort-me", "def ", params)):
-            got.append(event)
-            if len(got) == 3:
-                await engine.abort("abort-me")
-                await engine.abort("abort-me")  # idempotent
+        before = engine.stats().aborted_total
+        async with contextlib.aclosing(engine.generate(GenerationRequest("close-me", "def ", params))) as s:
+            async for event in s:
+                got.append(event)
+                if len(got) == 3:
+                    break
+        assert engine.stats().running == 0
+        assert engine.stats().aborted_total == before + 1
+        # the only batch slot is free again: the next request runs to its end
+        after = await asyncio.wait_for(collect(engine, "next", SamplingParams(max_new_tokens=4)), 30)
+        assert after[-1].finish_reason == FinishReason.LENGTH
         return got
 
-    got = loop.run_until_complete(scenario())
-    assert got[-1].finish_reason == FinishReason.ABORT
-    assert got[-1].token is None
-    assert len(got) < 50
-    assert engine.stats()["running"] == 0
+    try:
+        got = loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(engine.shutdown())
+    assert len(got) == 3 and not any(e.finished for e in got)
 
 
 def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
     async def scenario() -> None:
-        before = engine.stats()["aborted_total"]
+        before = engine.stats().aborted_total
         stream = engine.generate(
             GenerationRequest("close-me", "def ", SamplingParams(max_new_tokens=500, ignore_eos=True))
         )
         await anext(stream)
         await stream.aclose()
-        assert engine.stats()["running"] == 0
-        assert engine.stats()["aborted_total"] == before + 1
+        assert engine.stats().running == 0
+        assert engine.stats().aborted_total == before + 1
 
     loop.run_until_complete(scenario())
 
@@ -106,7 +119,7 @@ def _in_flight_then(
         params = SamplingParams(max_new_tokens=500, ignore_eos=True)
         streams = [collect(engine, f"d{i}", params) for i in range(3)]
         tasks = [asyncio.ensure_future(s) for s in streams]
-        while engine.stats()["tokens_total"] < 6:
+        while engine.stats().tokens_total < 6:
             await asyncio.sleep(0.01)
         await breaker()  # type: ignore[operator]
         return await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
@@ -126,7 +139,7 @@ def _assert_dead(
         engine.check_health()
     with pytest.raises(EngineDeadError):
         loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=3)))
-    assert engine.stats()["healthy"] == 0.0
+    assert not engine.stats().healthy
 
 
 def test_a_failing_generation_loop_ends_in_flight_requests_and_the_core(
@@ -217,7 +230,7 @@ def test_reused_request_ids_and_early_stops_never_lose_a_request(
 
     results = loop.run_until_complete(asyncio.wait_for(scenario(), timeout=60))
     assert [r[-1].finish_reason for r in results] == [FinishReason.STOP_SEQUENCE, FinishReason.LENGTH] * 5
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_concurrent_prompts_of_many_lengths_match_generate(
@@ -289,16 +302,16 @@ def test_structured_output_constrains_only_its_own_rows(
     json_object = SamplingParams(max_new_tokens=6, structured=StructuredOutput("json_object"))
     first = loop.run_until_complete(collect(engine, "obj", json_object))[0]
     assert first.token is not None and first.token.text.startswith("{")
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_a_schema_that_cannot_compile_is_a_400_before_any_token(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
-    bad = StructuredOutput("json_schema", '{"type": "no-such-type"}', "response_format.json_schema.schema")
-    with pytest.raises(BadRequestError) as err:
+    bad = StructuredOutput("json_schema", '{"type": "no-such-type"}')
+    with pytest.raises(FieldError) as err:
         loop.run_until_complete(collect(engine, "bad", SamplingParams(max_new_tokens=4, structured=bad)))
-    assert err.value.param == "response_format.json_schema.schema"
+    assert err.value.field is RequestField.STRUCTURED  # from the engine core, across its pipe
     events = loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=4)))
     assert events[-1].finish_reason == FinishReason.LENGTH
 

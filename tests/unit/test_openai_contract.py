@@ -5,7 +5,6 @@ tests/unit/test_http_contract.py: the real App and default handler on the script
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -99,32 +98,20 @@ def test_an_engine_error_mid_stream_is_one_openai_error_event(tiny_model: Path) 
 
 
 def test_an_aborted_request_has_no_finish_reason_but_an_error(tiny_model: Path) -> None:
-    """The engine's ``abort`` is not an OpenAI finish reason: before any token it is the status (503,
-    retry), streamed or not, in OpenAI's shape; LMI's own schema keeps reporting it as it was. (After
-    the first token it is the stream's error event: tests/unit/test_formatters.py.)"""
+    """A request the engine cancels itself (vLLM's ``abort``, TensorRT-LLM's ``cancelled``) has no OpenAI
+    finish reason: before any token it is the status (503, retry), streamed or not, in OpenAI's shape;
+    LMI's own schema keeps reporting it as it was. (After the first token it is the stream's error
+    event: tests/unit/test_formatters.py.)"""
 
     async def scenario(srv: Served) -> None:
-        srv.engine.gate = asyncio.Event()
-
-        async def aborted(path: str, body: dict[str, Any]) -> httpx.Response:
-            task = asyncio.create_task(srv.client.post(path, json=body))
-            while not srv.engine._live:
-                await asyncio.sleep(0.01)
-            for rid in list(srv.engine._live):
-                await srv.engine.abort(rid)
-            srv.engine.gate.set()  # type: ignore[union-attr]
-            resp = await task
-            srv.engine.gate = asyncio.Event()
-            return resp
-
         for body in (CHAT, {**CHAT, "stream": True}):
-            resp = await aborted("/v1/chat/completions", body)
+            resp = await srv.client.post("/v1/chat/completions", json=body)
             assert resp.status_code == 503 and oerr(resp)["type"] == "ServiceUnavailableError"
             assert "aborted" in oerr(resp)["message"]
-        lmi = await aborted("/invocations", {"inputs": PROMPT, "parameters": {"details": True}})
+        lmi = await srv.invoke({"inputs": PROMPT, "parameters": {"details": True}})
         assert lmi.json()["details"]["finish_reason"] == "abort"
 
-    run(tiny_model, scenario)
+    run(tiny_model, scenario, cancel_after=0)
 
 
 def test_finish_reasons_are_only_openais(tiny_model: Path) -> None:

@@ -63,7 +63,7 @@ def test_settings_survive_the_batch_kwargs() -> None:
         presence_penalty=0.5,
         frequency_penalty=-0.25,
         min_p=0.1,
-        structured=StructuredOutput("json_schema", '{"type":"object"}', "tools"),
+        structured=StructuredOutput("json_schema", '{"type":"object"}'),
     )
     assert _decode(request_kwargs(3, p)["lmforge_params"]) == p
 

@@ -28,9 +28,11 @@ def test_response_format_becomes_the_engines_grammar() -> None:
     obj = chat(response_format={"type": "json_object"}).params.structured
     assert obj is not None and obj.kind == "json_object"
     fmt_ = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER_SCHEMA, "strict": True}}
-    s = chat(response_format=fmt_).params.structured
+    req = chat(response_format=fmt_)
+    s = req.params.structured
     assert s is not None and s.kind == "json_schema" and json.loads(s.schema) == ANSWER_SCHEMA
-    assert s.param == "response_format.json_schema.schema"
+    assert req.structured_field == "response_format.json_schema.schema"  # what a 400 for it names
+    assert chat(tools=[WEATHER], tool_choice="required").structured_field == "tools"
     # the completions route takes it too
     done = parse_request(
         {"prompt": "x", "response_format": fmt_}, default_max_new_tokens=16, route="/v1/completions"

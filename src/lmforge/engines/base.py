@@ -1,6 +1,6 @@
 """What every lmforge engine shares: its configuration, the ``option.*`` keys it may take, the
-tokenizer, the served model name, the request counters behind ``/metrics``, and the start of every
-request (:meth:`EngineBase.prepare`)."""
+tokenizer, the served model name, the request counters behind ``/metrics`` (:meth:`EngineBase._stats`),
+and the start of every request (:meth:`EngineBase.prepare`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ import dataclasses
 import random
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from lmforge.engines.limits import check_request_size
+from lmforge.engines.protocol import EngineStats
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
     from lmforge.engines.protocol import GenerationRequest, SamplingParams
+
+
+class RequestCounters(TypedDict):
+    """The counters every engine keeps as its requests run (:class:`EngineStats` has their meaning)."""
+
+    requests_total: int
+    aborted_total: int
+    tokens_total: int
 
 
 class EngineBase:
@@ -24,13 +33,31 @@ class EngineBase:
         self.config = config
         self.extra_options = dict(extra_options or {})
         self._tokenizer: Any = None
-        self._counters: dict[str, float] = {"requests_total": 0.0, "aborted_total": 0.0, "tokens_total": 0.0}
+        self._counters = RequestCounters(requests_total=0, aborted_total=0, tokens_total=0)
         self.load_seconds = 0.0
         self.max_model_len = 0
         """Prompt + generated tokens one sequence may hold (known once the engine started)."""
 
     def check_health(self) -> None:
         raise NotImplementedError
+
+    def stats(self) -> EngineStats:
+        raise NotImplementedError
+
+    def _stats(
+        self, running: int, *, waiting: int = 0, healthy: bool, extra: Mapping[str, float] | None = None
+    ) -> EngineStats:
+        """The engine's :class:`EngineStats`: its gauges (and own extras) with the request counters."""
+        counters = self._counters
+        return EngineStats(
+            running=running,
+            waiting=waiting,
+            requests_total=counters["requests_total"],
+            aborted_total=counters["aborted_total"],
+            tokens_total=counters["tokens_total"],
+            healthy=healthy,
+            extra=dict(extra or {}),
+        )
 
     def prepare(self, request: GenerationRequest) -> tuple[SamplingParams, list[int]]:
         """What every engine does first with a request: refuse it when the engine cannot serve, give

@@ -6,29 +6,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lmforge.errors import BadRequestError
+from lmforge.engines.protocol import FieldError, RequestField
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
 
+PROMPT, MAX_NEW_TOKENS = RequestField.PROMPT, RequestField.MAX_NEW_TOKENS
+
 
 def check_request_size(cfg: ServingConfig, prompt_len: int, max_new: int, max_model_len: int) -> None:
-    """Raise :class:`BadRequestError` naming the field when a request cannot be served whole."""
+    """Raise :class:`FieldError` naming the field when a request cannot be served whole."""
     if prompt_len == 0:
-        raise BadRequestError("inputs must not be empty", param="inputs")
+        raise FieldError(PROMPT, PROMPT, " must not be empty")
     if cfg.max_input_len is not None and prompt_len > cfg.max_input_len:
-        raise BadRequestError(
-            f"the prompt has {prompt_len} tokens, more than option.max_input_len={cfg.max_input_len}",
-            param="inputs",
+        raise FieldError(
+            PROMPT, f"the prompt has {prompt_len} tokens, more than option.max_input_len={cfg.max_input_len}"
         )
     if cfg.max_output_len is not None and max_new > cfg.max_output_len:
-        raise BadRequestError(
-            f"max_new_tokens={max_new} is more than option.max_output_len={cfg.max_output_len}",
-            param="parameters.max_new_tokens",
+        raise FieldError(
+            MAX_NEW_TOKENS,
+            MAX_NEW_TOKENS,
+            f"={max_new} is more than option.max_output_len={cfg.max_output_len}",
         )
     if prompt_len + max_new > max_model_len:
-        raise BadRequestError(
-            f"the prompt ({prompt_len} tokens) plus max_new_tokens ({max_new}) is more than "
-            f"max_model_len ({max_model_len})",
-            param="parameters.max_new_tokens" if prompt_len < max_model_len else "inputs",
+        raise FieldError(
+            MAX_NEW_TOKENS if prompt_len < max_model_len else PROMPT,
+            f"the prompt ({prompt_len} tokens) plus ",
+            MAX_NEW_TOKENS,
+            f" ({max_new}) is more than max_model_len ({max_model_len})",
         )

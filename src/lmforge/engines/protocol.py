@@ -5,20 +5,25 @@ An engine is started once, then serves many concurrent :meth:`Engine.generate` s
 * ``generate(request)`` is an async generator of :class:`GenerationEvent`. Each event carries at most
   one new token. The last event has ``finish_reason`` set; nothing follows it. Errors that belong to
   one request (the engine is fine) end that stream with ``finish_reason=ERROR`` and ``error`` set;
-  validation errors raise :class:`lmforge.errors.BadRequestError` *before* the first event.
+  validation errors raise *before* the first event: a :class:`FieldError` when a request field is at
+  fault, named by its :class:`RequestField` id (the handler layer names it as the client's API does).
 * Closing the generator early (the consumer stops iterating, is cancelled, or calls ``aclose()``)
-  aborts the request in the engine and frees its slot: callers never need a separate abort call.
-* ``abort(request_id)`` is idempotent; the aborted stream ends with ``finish_reason=ABORT``.
+  aborts the request in the engine and frees its slot: that is how the server aborts a request (a
+  client that disconnects), there is no separate abort call. A stream that the engine itself cancels
+  (vLLM's ``abort``, TensorRT-LLM's ``cancelled``) ends with ``finish_reason=ABORT``.
 * ``check_health()`` raises :class:`lmforge.errors.EngineDeadError` once the engine cannot serve.
+* ``stats()`` is the engine's :class:`EngineStats` (``/metrics``).
 * ``shutdown()`` stops the engine; in-flight streams end with an error event.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
@@ -34,6 +39,90 @@ class FinishReason(enum.StrEnum):
     ERROR = "error"
 
 
+class RequestField(enum.StrEnum):
+    """A request field an engine may refuse, by a neutral id: the name of the :class:`GenerationRequest`
+    or :class:`SamplingParams` attribute it sets, not LMI's name for it nor OpenAI's. The handler layer
+    names it as the client's API does (:mod:`lmforge.handlers.fields`: ``MAX_NEW_TOKENS`` is LMI's
+    ``parameters.max_new_tokens``, a chat request's ``max_tokens`` or ``max_completion_tokens``)."""
+
+    PROMPT = "prompt"
+    MAX_NEW_TOKENS = "max_new_tokens"
+    MIN_NEW_TOKENS = "min_new_tokens"
+    TEMPERATURE = "temperature"
+    TOP_K = "top_k"
+    TOP_P = "top_p"
+    MIN_P = "min_p"
+    REPETITION_PENALTY = "repetition_penalty"
+    PRESENCE_PENALTY = "presence_penalty"
+    FREQUENCY_PENALTY = "frequency_penalty"
+    SEED = "seed"
+    TOP_N_LOGPROBS = "top_n_logprobs"
+    PROMPT_LOGPROBS = "prompt_logprobs"
+    LOGIT_BIAS = "logit_bias"
+    STOP_TOKEN_IDS = "stop_token_ids"
+    STRUCTURED = "structured"
+    PARAMS = "params"
+    """The sampling settings as a whole: an engine's refusal that names no one field."""
+
+
+class FieldError(BadRequestError):
+    """A request an engine refuses (400) for one of its fields, named by its :class:`RequestField` id.
+
+    The message is given in parts: text, and fields wherever the text names one (each stands for the
+    field's name in the client's API). ``param`` and ``message`` show the neutral ids until the handler
+    layer names them for the client (:meth:`named`, through :func:`lmforge.handlers.fields.in_client_terms`).
+    """
+
+    def __init__(self, field: RequestField, *parts: str | RequestField) -> None:
+        self.field = field
+        self.parts = parts
+        super().__init__(_render(parts, str), param=field.value)
+
+    def named(self, name_of: Callable[[RequestField], str | None]) -> BadRequestError:
+        """The error in a client's terms: ``name_of`` gives a field's name in its API (None where the API
+        has no such field: the text then keeps the neutral id, and the error names no ``param``)."""
+
+        def name(f: RequestField) -> str:
+            return name_of(f) or f.value
+
+        return BadRequestError(_render(self.parts, name), param=name_of(self.field))
+
+
+def _render(parts: tuple[str | RequestField, ...], name: Callable[[RequestField], str]) -> str:
+    return "".join(name(p) if isinstance(p, RequestField) else p for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """An engine's gauges and counters, as ``/metrics`` reports them (``lmforge_engine_<name>``)."""
+
+    running: int
+    """Requests in the running batch."""
+    waiting: int
+    """Requests admitted and waiting for a place in the batch (or for an adapter slot)."""
+    requests_total: int
+    aborted_total: int
+    """Requests whose stream was closed before its final event (a client that went away)."""
+    tokens_total: int
+    """Tokens generated."""
+    healthy: bool
+    extra: Mapping[str, float] = field(default_factory=dict)
+    """An engine's own gauges and counters (LMI-Dist's LoRA slots: ``lora_resident``, ...); a name that
+    ends in ``_total`` is a counter."""
+
+    def metrics(self) -> dict[str, float]:
+        """Every gauge and counter by its ``/metrics`` name (without the ``lmforge_engine_`` prefix)."""
+        return {
+            "running": float(self.running),
+            "waiting": float(self.waiting),
+            "requests_total": float(self.requests_total),
+            "aborted_total": float(self.aborted_total),
+            "tokens_total": float(self.tokens_total),
+            "healthy": float(self.healthy),
+            **self.extra,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A grammar the generated text must follow (OpenAI's ``response_format``, forced tool calls)."""
@@ -42,8 +131,6 @@ class StructuredOutput:
     """``json_object`` (any JSON object) or ``json_schema`` (``schema``)."""
     schema: str = ""
     """The JSON schema, as JSON text (``json_schema`` only)."""
-    param: str = "response_format"
-    """The request field the constraint came from, named by a 400 when it cannot be used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +204,6 @@ class GenerationEvent:
     error: str | None = None
     error_status: int | None = None
     """HTTP status matching ``error`` (from :data:`lmforge.errors.ERROR_TABLE`)."""
-    extra: dict[str, Any] = field(default_factory=dict)
     prompt_logprobs: list[Token] | None = None
     """On the first event when ``SamplingParams.prompt_logprobs`` asks: one token per prompt token,
     the first with a NaN log-prob and no alternatives (nothing precedes it)."""
@@ -144,12 +230,10 @@ class Engine(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]: ...
 
-    async def abort(self, request_id: str) -> None: ...
-
     def check_health(self) -> None: ...
 
-    def stats(self) -> dict[str, float]:
-        """Gauges and counters for ``/metrics`` (``running``, ``waiting``, ...)."""
+    def stats(self) -> EngineStats:
+        """Gauges and counters for ``/metrics``."""
 
     async def shutdown(self) -> None: ...
 

@@ -14,13 +14,11 @@ submit a request (:meth:`Grammars.compile`), and the generation step only finds 
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import StructuredOutput
-from lmforge.errors import BadRequestError
+from lmforge.engines.protocol import FieldError, RequestField, StructuredOutput
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +59,8 @@ class Grammars:
                 schema_text(constraint), any_whitespace=False, separators=(",", ":")
             )
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with the reason
-            raise BadRequestError(
-                f"the JSON schema cannot be used: {str(exc).strip()[:300]}", param=constraint.param
+            raise FieldError(
+                RequestField.STRUCTURED, f"the JSON schema cannot be used: {str(exc).strip()[:300]}"
             ) from None
 
     def matcher(self, key: int, constraint: StructuredOutput) -> Any:
@@ -97,10 +95,3 @@ class Grammars:
             out, bitmask.to(scores.device), vocab_size=self.vocab_size, indices=[i for i, _ in rows]
         )
         return out
-
-
-def parse_json_schema(schema: Any, param: str) -> str:
-    """A request's JSON schema as canonical JSON text (a JSON object, or a 400 naming ``param``)."""
-    if not isinstance(schema, dict):
-        raise BadRequestError(f"{param}: a JSON schema must be a JSON object", param=param)
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))

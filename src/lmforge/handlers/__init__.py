@@ -12,6 +12,7 @@ from lmforge.handlers.io import Input, Output
 
 if TYPE_CHECKING:
     from lmforge.config import ResolvedConfig
+    from lmforge.engines.protocol import EngineStats
 
 __all__ = ["Handler", "Input", "Output", "create_handler"]
 
@@ -25,7 +26,8 @@ class Handler(Protocol):
 
     def check_health(self) -> None: ...
 
-    def stats(self) -> dict[str, float]: ...
+    def stats(self) -> EngineStats | None:
+        """The engine's gauges and counters for ``/metrics`` (None: a user handler, no engine of ours)."""
 
     async def shutdown(self) -> None: ...
 

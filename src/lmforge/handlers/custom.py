@@ -21,10 +21,13 @@ import logging
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmforge.errors import LmforgeError, ModelError, NotReadyError
 from lmforge.handlers.io import Input, Output
+
+if TYPE_CHECKING:
+    from lmforge.engines.protocol import EngineStats
 
 log = logging.getLogger("lmforge.handlers.custom")
 
@@ -130,8 +133,8 @@ class CustomHandler:
         if not self._ready:
             raise NotReadyError("the custom handler is not initialized")
 
-    def stats(self) -> dict[str, float]:
-        return {}
+    def stats(self) -> EngineStats | None:
+        return None
 
     async def shutdown(self) -> None:
         self._ready = False

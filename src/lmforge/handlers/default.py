@@ -11,11 +11,18 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import GenerationEvent, GenerationRequest, SamplingParams
+from lmforge.engines.protocol import (
+    EngineStats,
+    FieldError,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingParams,
+)
 from lmforge.errors import BadRequestError, LmforgeError, NotFoundError
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers import streams
+from lmforge.handlers.fields import in_client_terms
 from lmforge.handlers.io import Input, Output
 from lmforge.handlers.logprobs import TokenText
 from lmforge.handlers.reply_parsing import ReplyParser
@@ -134,7 +141,7 @@ class DefaultHandler:
     def check_health(self) -> None:
         self.engine.check_health()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
     async def shutdown(self) -> None:
@@ -197,7 +204,7 @@ class DefaultHandler:
         room = limit - len(ids)
         if self.config.max_output_len is not None:
             room = min(room, self.config.max_output_len)
-        # no room (or no known length): the engine's size check decides, naming messages
+        # no room (or no known length): the engine's size check decides (naming messages)
         return ids, dataclasses.replace(params, max_new_tokens=room) if limit > 0 and room >= 1 else params
 
     async def handle(self, inputs: Input) -> Output:
@@ -230,9 +237,9 @@ class DefaultHandler:
             first = await anext(events)  # validation happens here, before any byte is sent
             if first.finished and (failed := streams.failure(first, req.openai)) is not None:
                 raise failed
-        except BadRequestError as err:
+        except FieldError as err:
             await events.aclose()
-            raise _in_request_terms(err, req) from None
+            raise in_client_terms(err, req) from None
         except BaseException:
             await events.aclose()
             raise
@@ -278,8 +285,8 @@ class DefaultHandler:
             )
         if failed is not None:
             await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
-            if isinstance(failed, BadRequestError):
-                raise _in_request_terms(failed, req) from None
+            if isinstance(failed, FieldError):
+                raise in_client_terms(failed, req) from None
             raise failed
         starts = [f for f in firsts if isinstance(f, GenerationEvent)]
         formatters = [self._openai_formatter(req, served) for _ in range(req.n)]
@@ -374,16 +381,6 @@ class DefaultHandler:
 
         adapters = self.adapters.all() if self.adapters is not None else []
         return {"object": "list", "data": [entry(base), *(entry(a.name, parent=base) for a in adapters)]}
-
-
-def _in_request_terms(err: BadRequestError, req: ParsedRequest) -> BadRequestError:
-    """An engine's request-size error in the names the client used (chat: ``max_tokens``, ``messages``;
-    completions: ``max_tokens``, ``prompt``)."""
-    if not req.openai:
-        return err
-    names = {"parameters.max_new_tokens": req.length_field, "inputs": "messages" if req.chat else "prompt"}
-    param = names.get(err.param or "", err.param)
-    return BadRequestError(err.message.replace("max_new_tokens", req.length_field), param=param)
 
 
 def _request_id(inputs: Input) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lmforge.engines.protocol import SamplingParams, StructuredOutput
+from lmforge.engines.protocol import SamplingParams
 from lmforge.errors import BadRequestError
 from lmforge.handlers.request_common import (
     MAX_TOP_N,
@@ -27,6 +27,7 @@ from lmforge.handlers.request_common import (
     validation_error,
 )
 from lmforge.handlers.tools import (
+    Constraint,
     ResponseFormat,
     ToolChoice,
     Tools,
@@ -147,14 +148,13 @@ class _Sampling(BaseModel):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
 
     def sampling_params(
-        self, max_new_tokens: int, top_n: int, logprobs: bool, structured: StructuredOutput | None = None
+        self, max_new_tokens: int, top_n: int, logprobs: bool, constraint: Constraint | None
     ) -> SamplingParams:
         """The engine's settings: OpenAI's default temperature is 1.0 (sampling); 0 asks for greedy."""
-        structured = structured or response_format_constraint(self.response_format)
         for name in ("ignore_eos", "min_tokens"):
-            if structured is not None and getattr(self, name):
+            if constraint is not None and getattr(self, name):
                 raise BadRequestError(
-                    f"{name} cannot be combined with {structured.param}: a constrained reply ends "
+                    f"{name} cannot be combined with {constraint.field}: a constrained reply ends "
                     "with the model's end-of-sequence token once it is complete",
                     param=name,
                 )
@@ -175,7 +175,7 @@ class _Sampling(BaseModel):
             top_n=top_n,
             logprobs=logprobs,
             ignore_eos=bool(self.ignore_eos),
-            structured=structured,
+            structured=constraint.output if constraint is not None else None,
         )
         return dataclasses.replace(
             params,
@@ -245,6 +245,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
     if wants_format and req.tools and req.tool_choice != "none":
         raise BadRequestError("response_format cannot be combined with tools", param="response_format")
     mode, constraint = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, auto=auto_tools)
+    constraint = constraint or response_format_constraint(req.response_format)
     max_new = req.max_completion_tokens or req.max_tokens or req.max_new_tokens or default_max_new_tokens
     fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
     length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
@@ -263,6 +264,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
         adapter=req.model or None,
         length_field=length_field,
         length_given=any(getattr(req, n) for n in fields),
+        structured_field=constraint.field if constraint is not None else "response_format",
         tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
         tool_mode=mode,
         auto_tools=bool(req.tools) and req.tool_choice in (None, "auto"),
@@ -298,7 +300,8 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
             param="max_tokens",
         )
     top_n = req.logprobs or 0
-    params = req.sampling_params(1 if echo_only else max_tokens, top_n, req.logprobs is not None)
+    constraint = response_format_constraint(req.response_format)
+    params = req.sampling_params(1 if echo_only else max_tokens, top_n, req.logprobs is not None, constraint)
     if req.echo and req.logprobs is not None:  # the answer starts with the prompt's tokens, scored
         params = dataclasses.replace(params, prompt_logprobs=top_n)
     return ParsedRequest(
@@ -312,6 +315,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         logprobs=req.logprobs is not None,
         adapter=req.model or None,
         length_field="max_tokens",
+        structured_field=constraint.field if constraint is not None else "response_format",
         prompt_ids=ids,
         echo=bool(req.echo),
         echo_only=echo_only,

@@ -52,6 +52,9 @@ class ParsedRequest:
     """The adapter named in the body (LMI ``adapters``; chat ``model`` when it names an adapter)."""
     length_field: str = "parameters.max_new_tokens"
     """The body field that set ``max_new_tokens``, for error messages (chat: ``max_tokens``, ...)."""
+    structured_field: str = "response_format"
+    """OpenAI: the body field the reply's grammar (``params.structured``) came from, for error messages
+    (``response_format``, ``response_format.json_schema.schema`` or ``tools``)."""
     length_given: bool = True
     """False for a chat request that set no length: it may run to the end of the model's length."""
     prompt_ids: list[int] | None = None

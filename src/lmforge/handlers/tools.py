@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lmforge.engines.protocol import StructuredOutput
-from lmforge.engines.structured import parse_json_schema
 from lmforge.errors import BadRequestError
 from lmforge.handlers.request_common import STRICT
 
@@ -87,6 +87,22 @@ class JsonSchemaFormat(BaseModel):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """The grammar a request asks the engine for, and the request field it came from (what a 400 for
+    it names: ``response_format``, ``response_format.json_schema.schema`` or ``tools``)."""
+
+    output: StructuredOutput
+    field: str
+
+
+def parse_json_schema(schema: Any, param: str) -> str:
+    """A request's JSON schema as canonical JSON text (a JSON object, or a 400 naming ``param``)."""
+    if not isinstance(schema, dict):
+        raise BadRequestError(f"{param}: a JSON schema must be a JSON object", param=param)
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
 def _arguments_schema(function: FunctionDefinition) -> dict[str, Any]:
     # no parameters schema: any JSON object of arguments
     return function.parameters if function.parameters is not None else {"type": "object"}
@@ -94,7 +110,7 @@ def _arguments_schema(function: FunctionDefinition) -> dict[str, Any]:
 
 def tool_plan(
     tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None, *, auto: bool = False
-) -> tuple[ToolCallMode | None, StructuredOutput | None]:
+) -> tuple[ToolCallMode | None, Constraint | None]:
     """What a chat request's ``tools`` and ``tool_choice`` ask for: the mode a forced call is read in,
     and the grammar the text must follow (None for both: a plain answer, or with ``auto`` enabled
     (``option.enable_auto_tool_choice``) a reply whose calls the tool-call parser reads)."""
@@ -122,7 +138,7 @@ def tool_plan(
                 param="tool_choice",
             )
         schema = parse_json_schema(_arguments_schema(wanted), "tools")
-        return ToolCallMode(named=wanted.name), StructuredOutput("json_schema", schema, "tools")
+        return ToolCallMode(named=wanted.name), Constraint(StructuredOutput("json_schema", schema), "tools")
     # "required": an array of calls, each one of the tools with its own arguments
     call = {
         "anyOf": [
@@ -141,20 +157,21 @@ def tool_plan(
     array: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
     if parallel is False:
         array["maxItems"] = 1
-    constraint = StructuredOutput("json_schema", parse_json_schema(array, "tools"), "tools")
+    constraint = Constraint(StructuredOutput("json_schema", parse_json_schema(array, "tools")), "tools")
     return ToolCallMode(named=None), constraint
 
 
 def response_format_constraint(
     fmt: TextFormat | JsonObjectFormat | JsonSchemaFormat | None,
-) -> StructuredOutput | None:
+) -> Constraint | None:
     """The grammar ``response_format`` asks for (None for text)."""
     if fmt is None or isinstance(fmt, TextFormat):
         return None
     if isinstance(fmt, JsonObjectFormat) or fmt.json_schema.schema_ is None:
-        return StructuredOutput("json_object")
+        return Constraint(StructuredOutput("json_object"), "response_format")
     param = "response_format.json_schema.schema"
-    return StructuredOutput("json_schema", parse_json_schema(fmt.json_schema.schema_, param), param)
+    schema = parse_json_schema(fmt.json_schema.schema_, param)
+    return Constraint(StructuredOutput("json_schema", schema), param)
 
 
 class ToolCallMode:

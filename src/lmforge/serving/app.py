@@ -298,10 +298,8 @@ class App:
         lines += [
             f'lmforge_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.state.responses.items())
         ]
-        stats: dict[str, float] = {}
-        if self.state.phase == Phase.READY:
-            stats = self.handler.stats()
-        for key, value in sorted(stats.items()):
+        stats = self.handler.stats() if self.state.phase == Phase.READY else None
+        for key, value in sorted(stats.metrics().items() if stats is not None else ()):
             kind = "counter" if key.endswith("_total") else "gauge"
             lines += [f"# TYPE lmforge_engine_{key} {kind}", f"lmforge_engine_{key} {value:g}"]
         return "\n".join(lines) + "\n"

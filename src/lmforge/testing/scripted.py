@@ -10,6 +10,8 @@ vLLM or LMI-Dist would give them. Only the choice of tokens is scripted:
 * after ``eos_after`` tokens the engine emits EOS (unless the request ignores it);
 * ``gate``: when set, every generation waits on it before its first token (requests stay in flight);
 * ``fail_after``: the engine ends a request with an engine error after that many tokens;
+* ``cancel_after``: the engine cancels a request itself after that many tokens (as vLLM's ``abort`` and
+  TensorRT-LLM's ``cancelled`` do): the stream ends with ``finish_reason=ABORT``;
 * ``fail_start`` / :meth:`kill`: a load failure, and an engine that dies while serving;
 * prompt log-probs (``SamplingParams.prompt_logprobs``): every prompt token after the first scores
   ``LOG_PROB``; its alternatives are the prompt's own tokens up to it, the latest first (so a prompt
@@ -23,7 +25,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import EngineStats, FinishReason, GenerationEvent, GenerationRequest, Token
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import EngineDeadError, LmforgeError
 
@@ -47,18 +49,20 @@ class ScriptedEngine(EngineBase):
         *,
         eos_after: int | None = None,
         fail_after: int | None = None,
+        cancel_after: int | None = None,
         fail_start: str | None = None,
     ) -> None:
         super().__init__(config, extra_options)
         self.eos_after = eos_after
         self.fail_after = fail_after
+        self.cancel_after = cancel_after
         self.fail_start = fail_start
         self.gate: asyncio.Event | None = None
         self.max_model_len = MAX_MODEL_LEN
         self.seen: list[GenerationRequest] = []
         self.reply: str | None = None
         """When set, every request is answered with this text, then EOS (within its max_new_tokens)."""
-        self._live: dict[str, asyncio.Event] = {}
+        self._running = 0
         self._alive = False
         self._pool: list[int] = []
 
@@ -109,12 +113,8 @@ class ScriptedEngine(EngineBase):
         if not self._alive:
             raise EngineDeadError("the scripted engine is dead")
 
-    def stats(self) -> dict[str, float]:
-        return {**self._counters, "running": float(len(self._live))}
-
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._live:
-            self._live[request_id].set()
+    def stats(self) -> EngineStats:
+        return self._stats(self._running, healthy=self._alive)
 
     async def shutdown(self) -> None:
         self._alive = False
@@ -123,8 +123,6 @@ class ScriptedEngine(EngineBase):
         params, ids = self.prepare(request)
         pending = self.prompt_logprobs(ids, params.prompt_logprobs)
         self.seen.append(request)
-        rid = request.request_id
-        aborted = self._live[rid] = asyncio.Event()
         self._counters["requests_total"] += 1
         stream = TokenStream(self._tokenizer, params.stop, len(ids))
         planned = self.script(ids, params.max_new_tokens)
@@ -134,12 +132,13 @@ class ScriptedEngine(EngineBase):
             eos_after = len(planned)
             planned = [*planned, self.eos_id] if len(planned) < params.max_new_tokens else planned
         done = False
+        self._running += 1
         try:
             if self.gate is not None:
                 await self.gate.wait()
             for i, tid in enumerate(planned):
                 await asyncio.sleep(0)  # one event-loop turn per token, as an engine step gives
-                if aborted.is_set():
+                if self.cancel_after is not None and i >= self.cancel_after:
                     done = True
                     for event in stream.end(FinishReason.ABORT):
                         yield event
@@ -171,4 +170,4 @@ class ScriptedEngine(EngineBase):
         finally:
             if not done:
                 self._counters["aborted_total"] += 1
-            self._live.pop(rid, None)
+            self._running -= 1

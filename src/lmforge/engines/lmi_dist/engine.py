@@ -16,9 +16,9 @@ What lmforge adds on top of ``model.init_continuous_batching`` (transformers 5.1
 * per-request sampling, seeds, penalties, grammars and true log-probs (:mod:`.sampler`);
 * per-request attention instead of one dense attention over all histories (:mod:`.attention`);
 * per-request LoRA adapters in one batch (:mod:`.lora`, slots in :mod:`.lora_slots`);
-* a final event for cancelled requests (the manager sends none), and supervision: when the core's
-  generation loop or a tensor-parallel rank fails, or the core process dies, every in-flight stream
-  ends with an error and the engine reports unhealthy;
+* cancellation: a stream closed early (a client that went away) cancels its request in the core;
+* supervision: when the core's generation loop or a tensor-parallel rank fails, or the core process
+  dies, every in-flight stream ends with an error and the engine reports unhealthy;
 * tensor parallelism with one process per rank (:mod:`.distributed`), the core being rank 0.
 """
 
@@ -36,7 +36,15 @@ from lmforge.engines.base import EngineBase
 from lmforge.engines.lmi_dist import ipc
 from lmforge.engines.lmi_dist.client import CoreProcess
 from lmforge.engines.lmi_dist.lora_slots import LoraSlots
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import (
+    EngineStats,
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
@@ -54,6 +62,7 @@ class _Live:
     outputs: deque[ipc.Out] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     dead_error: str | None = None
+    """Why the engine can no longer serve it (shutdown, a dead core): the stream ends with this error."""
     engine_done: bool = False
     """The core sent its last output for this request (finished, failed or refused)."""
 
@@ -71,7 +80,8 @@ class LmiDistEngine(EngineBase):
         self._slots: asyncio.Semaphore | None = None
         self._live: dict[str, _Live] = {}
         self._submissions = 0
-        self._counters["waiting"] = 0.0
+        self._waiting = 0
+        """Requests admitted and waiting for a batch slot (or an adapter slot)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -134,13 +144,13 @@ class LmiDistEngine(EngineBase):
         if core is None or core.ready is None:
             raise NotReadyError("lmi-dist engine is not running")
 
-    def stats(self) -> dict[str, float]:
-        running = len(self._live) - self._counters["waiting"]
-        healthy = self._core is not None and self._core.dead is None
-        out = {"running": float(running), **self._counters, "healthy": float(healthy)}
-        if self._lora is not None:
-            out.update(self._lora.stats())
-        return out
+    def stats(self) -> EngineStats:
+        return self._stats(
+            len(self._live) - self._waiting,
+            waiting=self._waiting,
+            healthy=self._core is not None and self._core.dead is None,
+            extra=self._lora.stats() if self._lora is not None else None,
+        )
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -166,22 +176,18 @@ class LmiDistEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        for rid, live in self._live.items():
-            if rid.rpartition("#")[0] == request_id and live.dead_error is None:
-                live.dead_error = "aborted"
-                live.wake.set()
-
     async def _score_prompt(self, ids: list[int], top_n: int | None) -> list[Token] | None:
         """The prompt's log-probs when asked (:mod:`.prompt_scores`, computed by the engine core)."""
         if top_n is None:
             return None
         assert self._core is not None and self._core.ready is not None
         if self._lora is not None or self._core.ready.world > 1:
-            raise BadRequestError(
-                "echo with logprobs (the prompt's log-probs) is not available on lmi-dist with "
-                "option.enable_lora=true or tensor parallelism; use option.rolling_batch=vllm",
-                param="echo",
+            raise FieldError(
+                RequestField.PROMPT_LOGPROBS,
+                "the prompt's log-probs (",
+                RequestField.PROMPT_LOGPROBS,
+                " with logprobs) are not available on lmi-dist with option.enable_lora=true or tensor "
+                "parallelism; use option.rolling_batch=vllm",
             )
         decode = self._tokenizer.decode
         scored = await self._core.call("score_prompt", ids=ids, top_n=top_n)
@@ -205,14 +211,14 @@ class LmiDistEngine(EngineBase):
         stream = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         ends = [*([] if params.ignore_eos else sorted(self._eos_ids)), *params.stop_token_ids]
         self._counters["requests_total"] += 1
-        self._counters["waiting"] += 1
+        self._waiting += 1
         waiting, submitted, adapter_held = True, False, False
         try:
             if lora is not None and adapter is not None:
                 await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
                 adapter_held = True
             await self._slots.acquire()
-            self._counters["waiting"] -= 1
+            self._waiting -= 1
             waiting = False
             if live.dead_error is None:
                 self.check_health()
@@ -225,7 +231,8 @@ class LmiDistEngine(EngineBase):
             while True:
                 if not live.outputs:
                     if live.dead_error is not None:
-                        for event in self._ended(stream, live.dead_error):
+                        status = ERROR_TABLE["engine_dead"].status
+                        for event in stream.end(FinishReason.ERROR, live.dead_error, status):
                             yield event
                         return
                     live.wake.clear()
@@ -234,7 +241,7 @@ class LmiDistEngine(EngineBase):
                 out = live.outputs.popleft()
                 if out.status == ipc.REJECTED:
                     live.engine_done = True
-                    raise BadRequestError(out.error or "the request was refused", param=out.param)
+                    raise _refusal(out)
                 live.engine_done = out.status != ipc.RUNNING
                 tokens = self._tokens(out, params.top_n_logprobs)
                 for event in stream.step(tokens, self._done(out, params), out.error or ""):
@@ -246,12 +253,12 @@ class LmiDistEngine(EngineBase):
                     return
         finally:
             if waiting:
-                self._counters["waiting"] -= 1
+                self._waiting -= 1
             else:
                 self._slots.release()
             if submitted and not stream.finished:
                 self._counters["aborted_total"] += 1
-            if submitted and not live.engine_done:  # stopped early (stop string, abort, disconnect)
+            if submitted and not live.engine_done:  # stopped early (a stop string, a closed stream)
                 self._core.send(ipc.Cancel(rid))
             if adapter_held and lora is not None and adapter is not None:
                 lora.release(adapter)
@@ -277,12 +284,15 @@ class LmiDistEngine(EngineBase):
             return FinishReason.EOS
         return FinishReason.LENGTH
 
-    @staticmethod
-    def _ended(stream: TokenStream, reason: str) -> list[GenerationEvent]:
-        """The last events of a request that was aborted or lost to a dead engine."""
-        if reason == "aborted":
-            return stream.end(FinishReason.ABORT)
-        return stream.end(FinishReason.ERROR, reason, ERROR_TABLE["engine_dead"].status)
+
+def _refusal(out: ipc.Out) -> BadRequestError:
+    """The core's refusal of a request (a grammar that cannot compile, ...). Its field comes back as
+    its neutral id; its text as the core wrote it (fields named in a core's message keep their ids)."""
+    text = out.error or "the request was refused"
+    try:
+        return FieldError(RequestField(out.param or ""), text)
+    except ValueError:  # not a request field
+        return BadRequestError(text, param=out.param)
 
 
 class _Installer:

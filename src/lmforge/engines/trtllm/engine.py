@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.engines.protocol import (
+    EngineStats,
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    SamplingParams,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
 
@@ -63,7 +72,7 @@ class TrtllmEngine(EngineBase):
         self.max_lora_rank: int | None = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
-        self._live: dict[str, Any] = {}
+        self._running = 0
         self._dead: str | None = None
         # LoRA: adapter id -> TensorRT-LLM's LoRARequest (registered, not removed); running requests per id
         self._lora_layers: dict[str, tuple[int, int]] | None = None
@@ -141,9 +150,8 @@ class TrtllmEngine(EngineBase):
         if self._llm is None:
             raise NotReadyError("the TensorRT-LLM engine is not running")
 
-    def stats(self) -> dict[str, float]:
-        healthy = float(self._llm is not None and self._dead is None)
-        return {"running": float(len(self._live)), "waiting": 0.0, **self._counters, "healthy": healthy}
+    def stats(self) -> EngineStats:
+        return self._stats(self._running, healthy=self._llm is not None and self._dead is None)
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -203,30 +211,21 @@ class TrtllmEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        result = self._live.get(request_id)
-        if result is not None:
-            result.abort()
-
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
         unmapped = {
-            "min_tokens": params.min_new_tokens,
-            "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
-            "min_p": params.min_p,
-            "logit_bias": params.logit_bias,
-            "stop_token_ids": params.stop_token_ids,
-            params.structured.param if params.structured else "response_format": params.structured,
-            "echo": params.prompt_logprobs is not None,  # with logprobs: the prompt's log-probs
+            RequestField.MIN_NEW_TOKENS: params.min_new_tokens,
+            RequestField.PRESENCE_PENALTY: params.presence_penalty,
+            RequestField.FREQUENCY_PENALTY: params.frequency_penalty,
+            RequestField.MIN_P: params.min_p,
+            RequestField.LOGIT_BIAS: params.logit_bias,
+            RequestField.STOP_TOKEN_IDS: params.stop_token_ids,
+            RequestField.STRUCTURED: params.structured,
+            RequestField.PROMPT_LOGPROBS: params.prompt_logprobs is not None,
         }
         asked = next((name for name, value in unmapped.items() if value), None)
         if asked is not None:
-            raise BadRequestError(
-                f"{asked} is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM "
-                "honour it)",
-                param=asked,
-            )
+            raise not_supported(asked)
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,
@@ -243,17 +242,17 @@ class TrtllmEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, ids = self.prepare(request)
         if self.max_input_len is not None and len(ids) > self.max_input_len:
-            raise BadRequestError(
+            raise FieldError(
+                RequestField.PROMPT,
                 f"the prompt has {len(ids)} tokens; the engine takes at most "
                 f"{self.max_input_len} (option.max_input_len)",
-                param="inputs",
             )
         rid = request.request_id
         lora = self._loras.get(request.adapter)
         result = self._llm.generate_async(
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
         )
-        self._live[rid] = result
+        self._running += 1
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
@@ -276,7 +275,7 @@ class TrtllmEngine(EngineBase):
                     yield event
                 if state.finished:
                     return
-            if not state.finished:
+            if not state.finished:  # the results ended unfinished: TensorRT-LLM cancelled the request
                 for event in state.end(FinishReason.ABORT):
                     yield event
         except Exception as exc:  # TensorRT-LLM raises a request's error while it is iterated
@@ -287,11 +286,10 @@ class TrtllmEngine(EngineBase):
             for event in state.end(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status):
                 yield event
         finally:
-            if not state.finished:
+            if not state.finished:  # the stream was closed early: the request stops in TensorRT-LLM
                 self._counters["aborted_total"] += 1
                 result.abort()
-            if self._live.get(rid) is result:
-                del self._live[rid]
+            self._running -= 1
             if lora is not None:
                 self._loras.done(lora.lora_int_id)
 
@@ -312,6 +310,13 @@ class TrtllmEngine(EngineBase):
         elif isinstance(position, float | int):
             log_prob = float(position)
         return Token(tid, "", log_prob, special=tid in self._eos_ids, top_logprobs=top)
+
+
+def not_supported(field: RequestField) -> FieldError:
+    """The 400 for a request field this backend does not map to TensorRT-LLM yet."""
+    return FieldError(
+        field, field, " is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM honour it)"
+    )
 
 
 def _logprob(entry: Any) -> float:

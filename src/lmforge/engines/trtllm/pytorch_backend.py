@@ -8,7 +8,7 @@ and, for ``option.enable_lora``, a ``LoraConfig``; nothing is compiled, the star
 capturing CUDA graphs. ``option.trtllm_async_llm=true`` makes an ``AsyncLLM`` instead (Ray orchestrator)
 and awaits its ``setup_async()``.
 
-Requests, streaming, abort, log-probs, finish reasons and per-request ``LoRARequest`` are the 1.2
+Requests, streaming, cancellation, log-probs, finish reasons and per-request ``LoRARequest`` are the 1.2
 backend's (:class:`.engine.TrtllmEngine`, whose generate loop is the same on both APIs); the sampling
 fields the PyTorch sampler takes natively (``min_tokens``, presence / frequency penalties, ``min_p``,
 ``stop_token_ids``) are passed through here instead of being refused.
@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.trtllm.engine import TrtllmEngine
-from lmforge.errors import BadRequestError, NotReadyError
+from lmforge.engines.protocol import RequestField
+from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported
+from lmforge.errors import NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
@@ -155,17 +156,9 @@ class TrtllmPytorchEngine(TrtllmEngine):
     def _sampling_params(self, params: SamplingParams) -> Any:
         assert self._api is not None
         if params.logit_bias:
-            raise BadRequestError(
-                "logit_bias is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist and vLLM "
-                "honour it)",
-                param="logit_bias",
-            )
+            raise not_supported(RequestField.LOGIT_BIAS)
         if params.structured is not None:
-            raise BadRequestError(
-                f"{params.structured.param} is not supported by lmforge's TensorRT-LLM backend yet (LMI-Dist "
-                "and vLLM honour it)",
-                param=params.structured.param,
-            )
+            raise not_supported(RequestField.STRUCTURED)
         sampled = params.do_sample
         return self._api.SamplingParams(
             max_tokens=params.max_new_tokens,

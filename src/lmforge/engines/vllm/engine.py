@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping
@@ -32,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
 from lmforge.engines.lora_handles import LoraHandles
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Token
+from lmforge.engines.protocol import (
+    EngineStats,
+    FieldError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    RequestField,
+    SamplingParams,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.engines.vllm.prompt_scores import prompt_scores
 from lmforge.errors import (
@@ -51,24 +59,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.engines.vllm")
 
 
-#: vLLM's SamplingParams names -> the LMI request fields they come from (for 400 messages)
-_LMI_FIELD = {
-    "temperature": "parameters.temperature",
-    "top_p": "parameters.top_p",
-    "top_k": "parameters.top_k",
-    "repetition_penalty": "parameters.repetition_penalty",
-    "seed": "parameters.seed",
-    "max_tokens": "parameters.max_new_tokens",
-    "logprobs": "parameters.top_n_tokens",
-    "prompt_logprobs": "echo",
-    "prompt": "inputs",
+F = RequestField
+#: the parameter a vLLM refusal names (``VLLMValidationError.parameter``: vLLM's SamplingParams names,
+#: ``prompt``) -> lmforge's request field
+_FIELD = {
+    "max_tokens": F.MAX_NEW_TOKENS,
+    "min_tokens": F.MIN_NEW_TOKENS,
+    "temperature": F.TEMPERATURE,
+    "top_k": F.TOP_K,
+    "top_p": F.TOP_P,
+    "min_p": F.MIN_P,
+    "repetition_penalty": F.REPETITION_PENALTY,
+    "presence_penalty": F.PRESENCE_PENALTY,
+    "frequency_penalty": F.FREQUENCY_PENALTY,
+    "seed": F.SEED,
+    "logprobs": F.TOP_N_LOGPROBS,
+    "prompt_logprobs": F.PROMPT_LOGPROBS,
+    "logit_bias": F.LOGIT_BIAS,
+    "stop_token_ids": F.STOP_TOKEN_IDS,
+    "structured_outputs": F.STRUCTURED,
+    "prompt": F.PROMPT,
 }
-
-
-@dataclasses.dataclass
-class _Live:
-    vllm_id: str
-    aborted: bool = False
 
 
 class VllmEngine(EngineBase):
@@ -79,7 +90,6 @@ class VllmEngine(EngineBase):
         self._llm: Any = None
         self.max_model_len = 0
         self._eos_ids: set[int] = set()
-        self._live: dict[str, _Live] = {}
         self._submissions = 0
         # LoRA: adapter id -> vLLM's LoRARequest (registered, not removed); running requests per adapter
         self._lora_layers: dict[str, tuple[int, int]] | None = None
@@ -147,13 +157,10 @@ class VllmEngine(EngineBase):
         if self._llm.errored:
             raise EngineDeadError("the vLLM engine is dead (its engine-core process stopped)")
 
-    def stats(self) -> dict[str, float]:
-        running = 0.0
-        healthy = 0.0
-        if self._llm is not None and not self._llm.errored:
-            running = float(self._llm.output_processor.get_num_unfinished_requests())
-            healthy = 1.0
-        return {"running": running, "waiting": 0.0, **self._counters, "healthy": healthy}
+    def stats(self) -> EngineStats:
+        if self._llm is None or self._llm.errored:
+            return self._stats(0, healthy=False)
+        return self._stats(int(self._llm.output_processor.get_num_unfinished_requests()), healthy=True)
 
     # ------------------------------------------------------------------ LoRA adapters
 
@@ -212,13 +219,6 @@ class VllmEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def abort(self, request_id: str) -> None:
-        live = self._live.get(request_id)
-        if live is not None:
-            live.aborted = True  # also covers a request vLLM has not registered yet
-            if self._llm is not None:
-                await self._llm.abort(live.vllm_id)
-
     def _sampling_params(self, params: SamplingParams) -> Any:
         """vLLM's SamplingParams; vLLM's own limits become 400s naming the LMI field."""
         from vllm import SamplingParams as VllmSamplingParams
@@ -257,43 +257,35 @@ class VllmEngine(EngineBase):
                 detokenize=False,
             )
         except (VLLMValidationError, ValueError) as exc:
-            name = getattr(exc, "parameter", None)
-            raise BadRequestError(
-                f"vLLM refuses this request: {exc}", param=_LMI_FIELD.get(str(name), "parameters")
-            ) from None
+            field = _FIELD.get(str(getattr(exc, "parameter", None)), F.PARAMS)
+            raise FieldError(field, f"vLLM refuses this request: {exc}") from None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, prompt_ids = self.prepare(request)
         sampling = self._sampling_params(params)
-        rid = request.request_id
         lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
         self._submissions += 1
-        live = _Live(f"{rid}#{self._submissions}")  # unique per submission, even when callers reuse ids
-        self._live[rid] = live
+        vllm_id = f"{request.request_id}#{self._submissions}"  # unique per submission: callers reuse ids
         self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
         try:
             stream = self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, sampling, live.vllm_id, lora_request=lora
+                {"prompt_token_ids": prompt_ids}, sampling, vllm_id, lora_request=lora
             )
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
                     output = await anext(stream)
                 except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
-                    name = getattr(exc, "parameter", None)
-                    fallback = params.structured.param if params.structured is not None else "inputs"
-                    raise BadRequestError(str(exc), param=_LMI_FIELD.get(str(name), fallback)) from None
+                    fallback = F.STRUCTURED if params.structured is not None else F.PROMPT
+                    field = _FIELD.get(str(getattr(exc, "parameter", None)), fallback)
+                    raise FieldError(field, str(exc)) from None
                 scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
                 while True:
-                    if live.aborted:
-                        for event in state.end(FinishReason.ABORT):
-                            yield event
-                        return
                     for event in self._events(output, params, state):
                         if scored is not None:  # the first event carries the prompt's log-probs
                             event.prompt_logprobs, scored = scored, None
@@ -311,8 +303,6 @@ class VllmEngine(EngineBase):
         finally:
             if not state.finished:
                 self._counters["aborted_total"] += 1
-            if self._live.get(rid) is live:
-                del self._live[rid]
             if lora is not None:
                 self._loras.done(lora.lora_int_id)
 
