@@ -21,7 +21,7 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.protocol import FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import EngineStats, FinishReason, GenerationEvent, GenerationRequest, Token
 from lmforge.errors import EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
@@ -40,10 +40,8 @@ class NoopEngine(EngineBase):
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
         super().__init__(config, extra_options)
         self._tokens: list[Token] = []
-        self._aborted: set[str] = set()
         self._live: set[str] = set()
         self._running = False
-        self._counters["running"] = 0.0
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
@@ -63,12 +61,8 @@ class NoopEngine(EngineBase):
         if not self._running:
             raise EngineDeadError("the no-op engine is not running")
 
-    def stats(self) -> dict[str, float]:
-        return {**self._counters, "running": float(len(self._live))}
-
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._live:
-            self._aborted.add(request_id)
+    def stats(self) -> EngineStats:
+        return self._stats(len(self._live), healthy=self._running)
 
     async def shutdown(self) -> None:
         self._running = False
@@ -88,10 +82,6 @@ class NoopEngine(EngineBase):
         try:
             for i in range(n):
                 await asyncio.sleep(0)  # one event-loop turn per token, as an engine step would give
-                if rid in self._aborted:
-                    finished = True
-                    yield GenerationEvent(None, prompt_len, i, finish_reason=FinishReason.ABORT)
-                    return
                 if not self._running:
                     finished = True
                     yield GenerationEvent(
@@ -114,7 +104,6 @@ class NoopEngine(EngineBase):
             if not finished:
                 self._counters["aborted_total"] += 1
             self._live.discard(rid)
-            self._aborted.discard(rid)
 
 
 #: the line a bare server streams per token: what lmforge sends for a plain LMI jsonlines token

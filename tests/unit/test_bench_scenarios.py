@@ -74,21 +74,21 @@ def test_noop_engine_obeys_the_engine_protocol(engine: Any) -> None:
     # fixed tokens: real ids of the tokenizer, each with the text it decodes to
     for e in events:
         assert e.token is not None and engine.tokenizer.decode([e.token.id]) == e.token.text
-    assert engine.stats()["running"] == 0
+    assert engine.stats().running == 0
 
 
 def test_noop_engine_aclose_aborts_and_frees_the_request(engine: Any) -> None:
-    before = engine.stats()["aborted_total"]
+    before = engine.stats().aborted_total
 
     async def run() -> None:
         gen = engine.generate(_request("c", 100))
         await anext(gen)
-        assert engine.stats()["running"] == 1
+        assert engine.stats().running == 1
         await gen.aclose()
 
     asyncio.run(run())
-    assert engine.stats()["running"] == 0
-    assert engine.stats()["aborted_total"] == before + 1
+    assert engine.stats().running == 0
+    assert engine.stats().aborted_total == before + 1
 
 
 # ---------------------------------------------------------------------------------- LMI token line template
