@@ -360,25 +360,34 @@ EngineCore process and its worker process, each of which imports vLLM and torch 
 
 def roofline_section(r: Result) -> str:
     m = r["model"]
+    before = {row["batch"]: row for row in (r.get("before") or {}).get("rows", [])}
     head = (
-        "| batch | decode tok/s | roofline tok/s | fraction | bytes per step (MB) |\n"
-        "| --- | --- | --- | --- | --- |\n"
+        "| batch | decode tok/s | roofline tok/s | fraction | bytes/step (MB) | before: tok/s (fraction) |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
     )
-    rows = [
-        f"| {x['batch']} | {x['decode_tokens_per_s']:.0f} | {x['roofline_tokens_per_s']:.0f} "
-        f"| {x['fraction_of_roofline']:.1%} | {x['bytes_per_step'] / 1e6:.0f} |"
-        for x in r["rows"]
-    ]
+    rows = []
+    for x in r["rows"]:
+        was = before.get(x["batch"])
+        then = f"{was['decode_tokens_per_s']:.0f} ({was['fraction_of_roofline']:.1%})" if was else "-"
+        rows.append(
+            f"| {x['batch']} | {x['decode_tokens_per_s']:.0f} | {x['roofline_tokens_per_s']:.0f} "
+            f"| {x['fraction_of_roofline']:.1%} | {x['bytes_per_step'] / 1e6:.0f} | {then} |"
+        )
+    shape = m.get("shape", "tinyllama-1.1b")
+    history = ""
+    if r.get("before"):
+        history = f"\nBefore: commit {r['before']['commit']}; {r['before']['profile_batch_1']}.\n"
+    notes = f"\n{r['notes']}\n" if r.get("notes") else ""
     return f"""## LMI-Dist decode vs the memory-bandwidth roofline (`bench/gpu_roofline.py`)
 
 {r["device"]}, measured copy bandwidth {r["copy_bandwidth_bytes_per_s"] / 1e9:.0f} GB/s; a
-{m["params"] / 1e9:.2f} B-parameter random Llama (TinyLlama-1.1B's shape) in bf16,
+{m["params"] / 1e9:.2f} B-parameter random Llama with {shape}'s shape in bf16,
 {r["settings"]["prompt_tokens"]}-token prompts, {r["settings"]["new_tokens"]} new tokens. Roofline =
 batch x bandwidth / (weight bytes + batch x mean context x KV bytes per token). Result:
-`bench/results/gpu-roofline.json`.
+`bench/results/{r["name"]}.json`. Goal: >= 60 % at batch 1 (issue 17): **missed**.
 
 {head}{chr(10).join(rows)}
-"""
+{history}{notes}"""
 
 
 # ---------------------------------------------------------------------------------- page
@@ -579,9 +588,10 @@ server, so every figure includes its CPU cost, and other jobs on the machine mov
             parts.append(external[name].rstrip() + "\n")
     if "lmi-dist-gpu-smoke" in results:
         parts.append(gpu_smoke_section(results["lmi-dist-gpu-smoke"]))
-    if "gpu-roofline" in results:
-        parts.append(roofline_section(results["gpu-roofline"]))
-    else:
+    roofline = [n for n in results if n.startswith("gpu-roofline")]
+    for name in roofline:
+        parts.append(roofline_section(results[name]))
+    if not roofline:
         parts.append(
             "## GPU roofline (`bench/gpu_roofline.py`)\n\nNot measured yet: it needs a CUDA GPU "
             "(`python bench/gpu_roofline.py` on a GPU machine writes `bench/results/gpu-roofline.json`; "
@@ -621,6 +631,7 @@ def main() -> None:
         "lmi-dist-attention",
         "lmi-dist-gpu-smoke",
         "gpu-roofline",
+        "gpu-roofline-smollm2-135m",
     ]
     results = {n: r for n in names if (r := load(n)) is not None}
     external: dict[str, str] = {}

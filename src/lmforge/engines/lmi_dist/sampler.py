@@ -145,26 +145,37 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         constrained = [(i, row.matcher) for i, row in enumerate(rows) if row.matcher is not None]
         allowed = self.grammars.mask(scores, constrained) if constrained else scores
         chosen = torch.argmax(allowed, dim=-1)
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows):  # the rows whose choice is more than the argmax
             p = row.params
-            if p is None:
-                continue  # warm-up rows: greedy
-            if _reshapes(p, row.draw):
+            if p is not None and _reshapes(p, row.draw):
                 try:
                     chosen[i] = self._pick(allowed[i], p, row, self._eos_ids)
                 except Exception:  # one request's settings must never stop the loop for all
                     log.exception("sampling failed for one row; taking the greedy token")
                     chosen[i] = torch.argmax(allowed[i])
-            tok = int(chosen[i])
+        # what the host needs of the step, read in a few transfers (not a few per row)
+        chosen_ids: list[int] = chosen.tolist()
+        chosen_logprobs: list[float] = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+        top_n = max((row.params.top_n_logprobs for row in rows if row.params is not None), default=0)
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
+        if top_n > 0:
+            values, ids = torch.topk(logprobs, top_n, dim=-1)
+            top_values, top_ids = values.tolist(), ids.tolist()
+        for i, row in enumerate(rows):
+            p = row.params
+            if p is None:
+                continue  # warm-up rows: greedy
+            tok = chosen_ids[i]
             if row.matcher is not None and not row.matcher.accept_token(tok):
                 log.warning("request %d: token %d does not follow its grammar", row.key, tok)
             record = self._records.get(row.key)
             if record is None:
                 continue  # another rank, or a request cancelled mid-step: nobody reads it
-            record.logprobs.append(float(logprobs[i, tok]))
+            record.logprobs.append(chosen_logprobs[i])
             if p.top_n_logprobs > 0:
-                values, ids = torch.topk(logprobs[i], p.top_n_logprobs)
-                record.top.append(list(zip(ids.tolist(), values.tolist(), strict=True)))
+                k = p.top_n_logprobs
+                record.top.append(list(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
         out = torch.full_like(scores, float("-inf"))
         out[torch.arange(n), chosen] = 0.0
         return out
