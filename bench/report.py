@@ -48,6 +48,7 @@ EXTERNAL = (
     ("sessions", "sessions-lmi-dist", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (LMI-Dist)"),
     ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
     ("routing", "routing", 1.0, "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"),
+    ("cpu_linear", "cpu-linear", None, ""),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 

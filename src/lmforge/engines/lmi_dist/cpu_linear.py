@@ -3,12 +3,13 @@
 On a CPU the linear layers are most of a decode step (55-63 % of the engine core on SmolLM2-135M at
 concurrency 32, py-spy). PyTorch's ``F.linear`` multiplies by the weight as stored; oneDNN can first
 reorder ("prepack") a weight into the blocked layout its matrix kernels read best, once, and then
-every step reads that layout. On this machine's AVX2 core that is 1.1-1.6x faster for the layers of
-a 135 M model at 8-32 rows, and 1.7-2x for its 49 k-row LM head (``bench/cpu_linear.py``), which is
-also what vLLM's CPU backend does for its unquantized GEMMs.
+every step reads that layout. For all the linear layers of SmolLM2-135M on this machine's AVX2 core
+that is 1.1x faster at 1 row, 1.7x at 8 and 1.4x at 32 (``bench/cpu_linear.py``), most of it in the
+49 k-row LM head.
 
-:func:`prepack` gives every float32 ``nn.Linear`` of a model on the CPU a prepacked copy of its weight
-and a forward that uses it; the original weight is then released, unless something else holds it (a
+:func:`prepack` gives the float32 ``nn.Linear`` layers of a model on the CPU a prepacked copy of
+their weight and a forward that uses it, from 256 k elements up (below, the ~12 us fixed cost of the
+call outweighs the gain). The original weight is then released, unless something else holds it (a
 tied LM head shares the input embedding's). Results equal ``F.linear``'s to float32 rounding (the
 kernels sum in another order).
 """
@@ -25,6 +26,10 @@ import torch.nn.functional as F
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
 _PACKED = "_lmforge_packed"
+#: weights smaller than this (in elements) stay with F.linear: a prepacked call costs ~12 us more of
+#: fixed overhead, which a small matrix never wins back (1.4-4x slower below 400 k elements at 1-8
+#: rows); from 256 k elements up, packing every layer of SmolLM2-135M measured as fast as packing all
+MIN_ELEMENTS = 1 << 18
 
 
 def base_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -61,6 +66,8 @@ def prepack(model: torch.nn.Module, rows_hint: int) -> int:
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, torch.nn.Linear) or hasattr(module, _PACKED):
+                continue
+            if module.weight.numel() < MIN_ELEMENTS:
                 continue
             weight = module.weight
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), max(1, rows_hint))
