@@ -63,6 +63,6 @@ def test_batched_decode_equals_per_request_attention() -> None:
     for i, n in enumerate(k_lens):
         slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
         mask[i, ..., :n] = True
-    ours = _decode_batch(q[0], k_cache, v_cache, slots, mask, None, heads // kv_heads)
+    ours = _decode_batch(q[0], k_cache, v_cache, slots.reshape(-1), mask, None, heads // kv_heads)
     ref = _per_request(q, k, v, list(range(rows + 1)), cu_k, None, True)[0]
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
