@@ -161,6 +161,11 @@ class LmiDistEngine(EngineBase):
             )
         return self._lora
 
+    @property
+    def adapter_slots(self) -> LoraSlots | None:
+        """The LoRA slots (which adapters are resident), or None when LoRA is off."""
+        return self._lora
+
     def lora_layers(self) -> dict[str, tuple[int, int]]:
         self._slots_or_refuse()
         return dict(self._lora_layers)

@@ -102,6 +102,26 @@ class LoraSlots:
                 await asyncio.shield(self.installer.uninstall(adapter.int_id))
                 raise
 
+    async def evict_idle(self) -> int:
+        """Uninstall every resident adapter with no running request and no pin; returns how many."""
+        async with self._cond:
+            victims = [i for i, users in self._resident.items() if users == 0 and i not in self._pinned]
+            for adapter_id in victims:
+                del self._resident[adapter_id]
+                await self.installer.uninstall(adapter_id)
+            self.evictions_total += len(victims)
+            self._cond.notify_all()
+        return len(victims)
+
+    async def drop_host_copy(self, adapter: LoraAdapter) -> None:
+        """Drop the core's host-memory copy of ``adapter`` (it is read from disk when next needed);
+        its installed weights, if resident, stay."""
+        await self.installer.forget(adapter.int_id)
+
+    def resident(self) -> dict[int, int]:
+        """Resident adapter id -> running requests, least recently used first."""
+        return dict(self._resident)
+
     def _idle(self) -> int | None:
         for adapter_id, users in self._resident.items():
             if users == 0 and adapter_id not in self._pinned:
