@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from lmforge.adapters.spec import LoraAdapter, LoraShape
 from lmforge.engines.lmi_dist.ipc import AdapterRef
 from lmforge.engines.lmi_dist.lora import LORA_KWARG, LoraLayers
+from lmforge.engines.lmi_dist.lora_mixed import plan, step_key
 from lmforge.engines.lmi_dist.lora_slots import LoraSlots
 from lmforge.errors import NotFoundError
 
@@ -22,26 +24,32 @@ class Tiny(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.proj = torch.nn.Linear(16, 12)
+        self.side = torch.nn.Linear(16, 12)  # only adapters made with targets=("proj", "side") touch it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)  # type: ignore[no-any-return]
 
 
-def adapter(tmp: Path, int_id: int, rank: int, seed: int) -> tuple[LoraAdapter, torch.Tensor, torch.Tensor]:
+def adapter(
+    tmp: Path, int_id: int, rank: int, seed: int, targets: tuple[str, ...] = ("proj",)
+) -> tuple[LoraAdapter, torch.Tensor, torch.Tensor]:
+    """An adapter of ``rank`` on ``targets`` (scaling 2); returns it and its ``proj`` factors."""
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(seed)
-    a, b = torch.randn(rank, 16, generator=gen), torch.randn(12, rank, generator=gen)
+    tensors = {}
+    for target in targets:
+        tensors[f"base_model.model.{target}.lora_A.weight"] = torch.randn(rank, 16, generator=gen)
+        tensors[f"base_model.model.{target}.lora_B.weight"] = torch.randn(12, rank, generator=gen)
     folder = tmp / f"ad{int_id}"
     folder.mkdir()
-    save_file(
-        {"base_model.model.proj.lora_A.weight": a, "base_model.model.proj.lora_B.weight": b},
-        str(folder / "adapter_model.safetensors"),
-    )
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
     spec = LoraAdapter(
         name=f"ad{int_id}", path=folder, src=str(folder), int_id=int_id, rank=rank, alpha=2.0 * rank,
-        scaling=2.0, target_modules=("proj",), layers=(LoraShape("proj", 16, 12),),
+        scaling=2.0, target_modules=targets, layers=tuple(LoraShape(t, 16, 12) for t in targets),
     )  # fmt: skip
+    a = tensors["base_model.model.proj.lora_A.weight"]
+    b = tensors["base_model.model.proj.lora_B.weight"]
     return spec, a, b
 
 
@@ -74,32 +82,142 @@ def step(runtime: LoraLayers, ids_and_lengths: list[tuple[int, int]]) -> None:
     runtime.on_batch(requests)
 
 
-def test_mixed_steps_single_steps_and_the_per_adapter_path(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = Tiny()
-    runtime = LoraLayers(model, max_cpu_loras=2)
-    ads = [adapter(tmp_path, 1, 4, 1), adapter(tmp_path, 2, 8, 2)]
-    for spec, _, _ in ads:
-        runtime.install(AdapterRef.of(spec))
-    layout = [(1, 3), (0, 2), (2, 1), (1, 1)]  # (adapter id, rows): 7 token rows
-    x = torch.randn(1, 7, 16)
-    base = torch.nn.functional.linear(x, model.proj.weight, model.proj.bias)[0]
-    expected = base.clone()
+def expected_output(
+    linear: torch.nn.Linear, x: torch.Tensor, layout: list[tuple[int, int]], factors: dict[int, Any]
+) -> torch.Tensor:
+    """Row by row: the base output plus, on each row with an adapter, ``(x A^T)(2 B)^T`` of its own."""
+    want = torch.nn.functional.linear(x, linear.weight, linear.bias)[0]
     row = 0
     for adapter_id, n in layout:
-        if adapter_id:
-            _, a, b = ads[adapter_id - 1]
-            expected[row : row + n] += (x[0, row : row + n] @ a.t()) @ b.t() * 2.0
+        if adapter_id in factors:
+            a, b = (t.to(x.device) for t in factors[adapter_id])
+            want[row : row + n] += (x[0, row : row + n] @ a.t()) @ b.t() * 2.0
         row += n
+    return want
+
+
+LAYOUTS = {
+    # (adapter id, token rows) per request in batch order, and the form of the step
+    "decode, distinct adapters": ([(2, 1), (1, 1), (3, 1)], "batched, no gather"),
+    "prefills of equal length": ([(3, 3), (1, 3)], "batched, no gather"),
+    "one adapter twice, apart": ([(1, 1), (2, 1), (1, 1)], "batched, padded"),
+    "base rows between": ([(1, 3), (0, 2), (2, 1), (1, 1)], "batched, padded"),
+    "long prefill, in order": ([(1, 12), (2, 1), (3, 1)], "segmented, no gather"),
+    "long prefill, base rows": ([(2, 1), (1, 12), (0, 1), (3, 1)], "segmented"),
+}
+FORMS = {  # (batched, no gather, padded slots)
+    "batched, no gather": (True, True, False),
+    "batched, padded": (True, False, True),
+    "segmented, no gather": (False, True, False),
+    "segmented": (False, False, False),
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def on(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU")
+    return torch.device(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_row_gets_exactly_its_own_adapter(tmp_path: Path, name: str, device: str) -> None:
+    """Each form of a mixed step (ranks 4 and 8 stacked together; adapter 3 also on ``side``, which
+    the others leave alone) equals the row-by-row reference; rows past the step's tokens (padding)
+    get nothing."""
+    layout, form = LAYOUTS[name]
+    torch.manual_seed(0)
+    model = Tiny().to(on(device))
+    runtime = LoraLayers(model, max_cpu_loras=3)
+    specs = [
+        adapter(tmp_path, 1, 4, 1),
+        adapter(tmp_path, 2, 8, 2),
+        adapter(tmp_path, 3, 8, 3, ("proj", "side")),
+    ]
+    for spec, _, _ in specs:
+        runtime.install(AdapterRef.of(spec))
+    proj = {spec.int_id: (a, b) for spec, a, b in specs}
+    side_raw = load_file(str(specs[2][0].path / "adapter_model.safetensors"))
+    side = {
+        3: (side_raw["base_model.model.side.lora_A.weight"], side_raw["base_model.model.side.lora_B.weight"])
+    }
+    tokens = sum(n for _, n in layout)
     step(runtime, layout)
-    assert torch.allclose(model(x)[0], expected, atol=1e-5)  # stacked path
-    runtime.tokens = -1  # e.g. padded rows: the per-adapter path
-    assert torch.allclose(model(x)[0], expected, atol=1e-5)
+    assert runtime.step is not None
+    plan = runtime.step
+    assert (plan.slots > 0, plan.index is None, plan.keep is not None) == FORMS[form]
+    x = torch.randn(1, tokens + 2, 16, device=device)  # 2 rows of padding past the step's tokens
+    for linear, factors in ((model.proj, proj), (model.side, side)):
+        want = expected_output(linear, x, [*layout, (0, 2)], factors)
+        assert torch.allclose(linear(x)[0], want, atol=1e-5), linear
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_small_ranks_in_the_segmented_form(tmp_path: Path, device: str) -> None:
+    """Ranks 1 and 2 are padded to 16 bytes in the stack (grouped_mm refuses narrower strides)."""
+    model = Tiny().to(on(device))
+    runtime = LoraLayers(model, max_cpu_loras=3)
+    specs = [adapter(tmp_path, 1, 1, 1), adapter(tmp_path, 2, 2, 2), adapter(tmp_path, 3, 1, 3)]
+    for spec, _, _ in specs:
+        runtime.install(AdapterRef.of(spec))
+    layout = [(0, 1), (2, 9), (1, 1), (3, 1)]
+    step(runtime, layout)
+    assert runtime.step is not None and runtime.step.slots == 0
+    x = torch.randn(1, 12, 16, device=device)
+    want = expected_output(model.proj, x, layout, {spec.int_id: (a, b) for spec, a, b in specs})
+    assert torch.allclose(model(x)[0], want, atol=1e-5)
+
+
+def test_single_adapter_steps_and_base_steps(tmp_path: Path) -> None:
+    model = Tiny()
+    runtime = LoraLayers(model, max_cpu_loras=2)
+    spec, a, b = adapter(tmp_path, 2, 8, 2)
+    runtime.install(AdapterRef.of(spec))
+    x = torch.randn(1, 7, 16)
+    base = torch.nn.functional.linear(x, model.proj.weight, model.proj.bias)[0]
     step(runtime, [(2, 7)])  # one adapter for every row
-    _, a, b = ads[1]
+    assert runtime.single == 2 and runtime.step is None
     assert torch.allclose(model(x)[0], base + (x[0] @ a.t()) @ b.t() * 2.0, atol=1e-5)
     step(runtime, [(0, 7)])  # base only: untouched
     assert torch.equal(model(x)[0], base)
+
+
+def test_a_reinstalled_adapter_is_never_served_from_a_stale_stack(tmp_path: Path) -> None:
+    """A late step naming an evicted adapter adds nothing for its rows; once that adapter is back,
+    the same set of adapters is stacked again with its weights (not the stale stack without them)."""
+    model = Tiny()
+    runtime = LoraLayers(model, max_cpu_loras=2)
+    specs = [adapter(tmp_path, 1, 4, 1), adapter(tmp_path, 2, 8, 2)]
+    for spec, _, _ in specs:
+        runtime.install(AdapterRef.of(spec))
+    factors = {spec.int_id: (a, b) for spec, a, b in specs}
+    layout = [(1, 1), (2, 1)]
+    x = torch.randn(1, 2, 16)
+    step(runtime, layout)
+    assert torch.allclose(model(x)[0], expected_output(model.proj, x, layout, factors), atol=1e-5)
+    runtime.uninstall(2)
+    step(runtime, layout)  # a cancelled request's last step
+    assert torch.allclose(model(x)[0], expected_output(model.proj, x, layout, {1: factors[1]}), atol=1e-5)
+    runtime.install(AdapterRef.of(specs[1][0]))
+    step(runtime, layout)
+    assert torch.allclose(model(x)[0], expected_output(model.proj, x, layout, factors), atol=1e-5)
+
+
+def test_the_step_plan() -> None:
+    """Rows per adapter in order of first appearance; padded slots repeat a row of their adapter and
+    are masked; a skewed step takes the segmented form with int32 segment ends."""
+    cpu = torch.device("cpu")
+    decode = plan([5, 0, 3, 5], [1, 1, 1, 1], 7, cpu)
+    assert (decode.key, decode.stack_id, decode.tokens, decode.slots) == ((5, 3), 7, 4, 2)
+    assert decode.index is not None and decode.keep is not None
+    assert decode.index.tolist() == [0, 3, 2, 2]
+    assert decode.keep.view(-1).tolist() == [1.0, 1.0, 1.0, 0.0]
+    skewed = plan([4, 9, 6], [20, 1, 1], 1, cpu)
+    assert skewed.slots == 0 and skewed.index is None
+    assert skewed.offsets is not None and skewed.offsets.dtype == torch.int32
+    assert skewed.offsets.tolist() == [20, 21, 22]
+    assert step_key([0, 4, 2, 4, 0, 7]) == (4, 2, 7)
 
 
 def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ transformers' continuous batching applies one adapter (PEFT's active one) to the
 instead gives every request its own adapter, in the same forward pass:
 
 * each adapted ``nn.Linear`` keeps its module and weights and gets a forward that adds, for every
-  adapter present in the step, ``(x_rows @ A.T) @ (scaling * B).T`` to that adapter's token rows only
-  (PEFT's formula with the scaling folded into B; greedy tokens equal PEFT's, which the tests check);
-* which token rows belong to which adapter is computed once per step from the batch's requests (each
-  carries its adapter id as a logits-processor kwarg) by :meth:`LoraLayers.on_batch`, called by the
-  logits-processor list while transformers prepares the step's tensors;
+  token row with an adapter, ``(x_row @ A.T) @ (scaling * B).T`` of that row's adapter (PEFT's
+  formula with the scaling folded into B; greedy tokens equal PEFT's, which the tests check): for a
+  step with one adapter on every row, two matmuls over all rows; for a step mixing adapters (or
+  adapters and base rows), one batched pass over all of them (:mod:`.lora_mixed`);
+* which token rows belong to which adapter is worked out once per step from the batch's requests
+  (each carries its adapter id as a logits-processor kwarg) by :meth:`LoraLayers.on_batch`, called by
+  the logits-processor list while transformers prepares the step's tensors, and shared by all layers;
 * at most ``max_loras`` adapters are resident (installed in the layers) at once; a request for another
   adapter waits until a resident one is idle and is evicted (least recently used first). Loaded weights
   stay in host memory for up to ``max_cpu_loras`` adapters; others are read again from their
@@ -21,6 +23,7 @@ weights and adds nothing (that request was cancelled); it can never pick up anot
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import types
@@ -29,8 +32,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from lmforge.engines.lmi_dist.cpu_linear import base_linear
+from lmforge.engines.lmi_dist.lora_mixed import (
+    Factors,
+    StepLayout,
+    add_mixed,
+    forget_stacks,
+    plan,
+    stacks,
+    step_key,
+)
 from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -41,73 +54,40 @@ log = logging.getLogger("lmforge.engines.lmi_dist")
 LORA_KWARG = "lmforge_lora"
 _WEIGHTS_ATTR = "_lmforge_lora"
 _PEFT_PREFIX = "base_model.model."
-
-Factors = tuple[torch.Tensor, torch.Tensor]
-"""(A [r, in], scaling * B [out, r]) of one layer."""
+#: adapter sets remembered by :meth:`LoraLayers._stack_id` (a forgotten one gets a new number)
+_STACK_IDS_KEPT = 64
 
 
 def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     out = base_linear(self, x)
     runtime: LoraLayers | None = getattr(self, "_lmforge_runtime", None)
-    groups = runtime.groups if runtime is not None else ()
-    if not groups:
+    if runtime is None:
+        return out
+    single, step = runtime.single, runtime.step
+    if single is None and step is None:
         return out
     table: dict[int, Factors] = getattr(self, _WEIGHTS_ATTR)
-    flat_x = x.reshape(-1, x.shape[-1])
-    flat_out = out.view(-1, out.shape[-1])
-    if groups[0][1] is not None and runtime is not None and flat_x.shape[0] == runtime.tokens:
-        # Mixed batch: one pass for all adapters. x @ [A_1; A_2; ...].T gives every adapter's rank
-        # block for every row; the mask keeps each row's own block (times its scaling), and the
-        # product with [B_1 B_2 ...].T adds exactly that adapter's delta: 3 matmul-sized ops per
-        # layer instead of 3 per adapter present.
-        present = tuple(i for i in runtime.key if i in table)
-        if not present:
+    if step is not None:  # adapters mixed in the step (or with base rows)
+        stacked = stacks(self, table, step)
+        if stacked is None:
+            return out  # no adapter of the step touches this layer
+        if step.index is None and step.slots and x.numel() == step.tokens * x.shape[-1]:
+            # the usual decode step: rows adapter by adapter already, two batched products
+            k = len(step.key)
+            h = torch.bmm(x.reshape(k, step.slots, x.shape[-1]), stacked[0])
+            out.view(k, step.slots, out.shape[-1]).baddbmm_(h, stacked[1])
             return out
-        stack = _stack(self, table, present, runtime.key)
-        a_cat, b_cat, cols = stack
-        mask = runtime.onehot.index_select(1, cols)
-        flat_out.addmm_((flat_x @ a_cat.t()) * mask, b_cat.t())
+        flat_x = x.reshape(-1, x.shape[-1])
+        if flat_x.shape[0] < step.tokens:
+            raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
+        add_mixed(flat_x, out.view(-1, out.shape[-1]), step, stacked)
         return out
-    for adapter_id, rows in groups:
-        if rows is _LAZY_ROWS and runtime is not None:
-            rows = torch.nonzero(runtime.per_token == adapter_id).squeeze(1).to(flat_x.device)
-        factors = table.get(adapter_id)
-        if factors is None:
-            continue  # the adapter does not touch this layer (or was evicted after a cancel)
-        a, b = factors
-        if rows is None:
-            flat_out.addmm_(flat_x @ a.t(), b.t())  # out += (x A^T) (s B)^T, accumulated in place
-        else:
-            flat_out.index_add_(0, rows, (flat_x.index_select(0, rows) @ a.t()) @ b.t())
+    factors = table.get(single)  # type: ignore[arg-type]
+    if factors is not None:  # None: the adapter does not touch this layer (or was evicted after a cancel)
+        a, bt = factors
+        # out += (x A^T) (s B)^T, accumulated in place
+        out.view(-1, out.shape[-1]).addmm_(F.linear(x.reshape(-1, x.shape[-1]), a), bt)
     return out
-
-
-_STACKS_KEPT = 8
-_LAZY_ROWS = torch.empty(0, dtype=torch.long)
-"""Marks a mixed step's groups: rows are computed only if the per-adapter path runs."""
-
-
-def _stack(
-    linear: torch.nn.Linear, table: dict[int, Factors], present: tuple[int, ...], key: tuple[int, ...]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[A_i] stacked on the rank axis, [s_i B_i] on
-    theirs, and for every stacked rank column the index of its adapter in ``key`` (cached per set)."""
-    cache: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], Any] = linear.__dict__.setdefault(
-        "_lmforge_stacks", OrderedDict()
-    )
-    entry = cache.get((present, key))
-    if entry is not None:
-        return entry  # type: ignore[no-any-return]
-    a_cat = torch.cat([table[i][0] for i in present], dim=0)
-    b_cat = torch.cat([table[i][1] for i in present], dim=1)
-    cols = torch.cat(
-        [torch.full((table[i][0].shape[0],), key.index(i), dtype=torch.long) for i in present]
-    ).to(a_cat.device)
-    entry = (a_cat, b_cat, cols)
-    cache[(present, key)] = entry
-    while len(cache) > _STACKS_KEPT:
-        cache.popitem(last=False)
-    return entry
 
 
 class LoraLayers:
@@ -120,15 +100,15 @@ class LoraLayers:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        self.groups: tuple[tuple[int, torch.Tensor | None], ...] = ()
-        """Set on the generation thread before each forward: (adapter id, token rows or None = all)."""
-        self.key: tuple[int, ...] = ()
-        """The adapter ids present in the step (sorted), for a mixed step."""
-        self.onehot = torch.zeros(0, 0)
-        """[tokens, len(key)]: 1 where a token row belongs to ``key[j]``, for a mixed step."""
-        self.tokens = 0
-        self.per_token = torch.zeros(0, dtype=torch.long)
-        """The adapter id of every token row of a mixed step."""
+        self.single: int | None = None
+        """Set on the generation thread before each forward: the adapter of every row, when one is."""
+        self.step: StepLayout | None = None
+        """Set with ``single``: where each adapter's rows are, when a step mixes adapters (or base rows)."""
+        self._installs: dict[int, int] = {}
+        """Adapter id -> the count of installs when it was installed (its stacked factors' version)."""
+        self._serial = itertools.count(1)
+        """Numbers installs and adapter sets (never reused; ``next`` is atomic across threads)."""
+        self._stack_ids: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], int] = OrderedDict()
         self._linears: dict[str, torch.nn.Linear] = {
             name: mod
             for name, mod in model.named_modules()
@@ -147,28 +127,31 @@ class LoraLayers:
     # ------------------------------------------------------------------ generation thread
 
     def on_batch(self, requests_in_batch: list[Any]) -> None:
-        """Group the step's token rows by adapter (called before the step's forward)."""
+        """Work out the step's rows per adapter (called before the step's forward)."""
         ids: list[int] = []
         lengths: list[int] = []
         for future in requests_in_batch:
             ids.append(int(future.state.logit_processor_kwargs.get(LORA_KWARG, 0)))
             lengths.append(int(future.query_length))
         present = {i for i in ids if i > 0}
-        if not present:
-            self.groups = ()
+        if not present or (len(present) == 1 and 0 not in ids):
+            self.step = None
+            self.single = present.pop() if present else None
             return
-        if len(present) == 1 and 0 not in ids:
-            self.groups = ((present.pop(), None),)
-            return
-        per_token = torch.repeat_interleave(torch.tensor(ids), torch.tensor(lengths))
-        key = tuple(sorted(present))
-        # rows per adapter only for the (rare) per-adapter path; the stacked path needs the one-hot only
-        groups = [(adapter_id, _LAZY_ROWS) for adapter_id in key]
-        self.per_token = per_token
-        self.key = key
-        self.tokens = int(per_token.numel())
-        self.onehot = (per_token.unsqueeze(1) == torch.tensor(key).unsqueeze(0)).to(self.device, self.dtype)
-        self.groups = tuple(groups)
+        self.single = None
+        self.step = plan(ids, lengths, self._stack_id(step_key(ids)), self.device)
+
+    def _stack_id(self, key: tuple[int, ...]) -> int:
+        """A number for ``key`` as installed now (a new one once any of its adapters is reinstalled)."""
+        versions = tuple(self._installs.get(i, -1) for i in key)
+        stack_id = self._stack_ids.get((key, versions))
+        if stack_id is not None:
+            self._stack_ids.move_to_end((key, versions))
+        else:
+            stack_id = self._stack_ids[(key, versions)] = next(self._serial)
+            while len(self._stack_ids) > _STACK_IDS_KEPT:
+                self._stack_ids.popitem(last=False)
+        return stack_id
 
     # ------------------------------------------------------------------ loading (the core's calls)
 
@@ -222,12 +205,16 @@ class LoraLayers:
             table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
             table[adapter.int_id] = (
                 a.to(self.device, non_blocking=True),
-                (b * adapter.scaling).to(self.device, non_blocking=True),
+                (b * adapter.scaling).t().contiguous().to(self.device, non_blocking=True),
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self._installs[adapter.int_id] = next(self._serial)  # only now may a step stack it
         self.last_load_ms = (time.perf_counter() - started) * 1000
 
     def uninstall(self, adapter_id: int) -> None:
+        self._installs.pop(adapter_id, None)
         for name in self._patched:
-            getattr(self._linears[name], _WEIGHTS_ATTR).pop(adapter_id, None)
+            linear = self._linears[name]
+            getattr(linear, _WEIGHTS_ATTR).pop(adapter_id, None)
+            forget_stacks(linear)
