@@ -112,7 +112,9 @@ def stacks(linear: torch.nn.Module, table: dict[int, Factors], step: StepLayout)
 
     Runs on the generation thread while installs and uninstalls change ``table`` and drop cached sets
     (:func:`forget_stacks`) on another: every dict operation here is a single atomic one."""
-    cache: OrderedDict[int, Factors | None] = linear.__dict__.setdefault("_lmforge_stacks", OrderedDict())
+    cache: OrderedDict[int, Factors | None] | None = linear.__dict__.get("_lmforge_stacks")
+    if cache is None:
+        cache = linear.__dict__.setdefault("_lmforge_stacks", OrderedDict())
     entry: Any = cache.get(step.stack_id, _MISSING)
     if entry is not _MISSING:
         try:
