@@ -135,15 +135,18 @@ def stacks(linear: torch.nn.Module, table: dict[int, Factors], step: StepLayout)
         # ranks padded with zeros to a multiple of 16 bytes: grouped_mm wants 16-byte aligned strides
         align = max(1, 16 // a0.element_size())
         rank = -(-max(a.shape[0] for a, _ in found) // align) * align
-        at3 = a0.new_zeros(len(step.key), a0.shape[1], rank)
-        bt3 = bt0.new_zeros(len(step.key), rank, bt0.shape[1])
-        for j, adapter_id in enumerate(step.key):
+        blocks_a, blocks_b = [], []
+        for adapter_id in step.key:
             factors = table.get(adapter_id)
-            if factors is not None:
-                a, bt = factors
-                at3[j, :, : a.shape[0]] = a.t()
-                bt3[j, : a.shape[0]] = bt
-        entry = (at3, bt3)
+            if factors is None:  # this adapter leaves the layer alone
+                blocks_a.append(a0.new_zeros(a0.shape[1], rank))
+                blocks_b.append(bt0.new_zeros(rank, bt0.shape[1]))
+                continue
+            a, bt = factors
+            pad = rank - a.shape[0]
+            blocks_a.append(F.pad(a.t(), (0, pad)) if pad else a.t())
+            blocks_b.append(F.pad(bt, (0, 0, 0, pad)) if pad else bt)
+        entry = (torch.stack(blocks_a), torch.stack(blocks_b))  # one copy each (a set change, not a step)
     else:
         entry = None
     cache[step.stack_id] = entry
