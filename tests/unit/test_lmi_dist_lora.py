@@ -243,3 +243,27 @@ def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> No
             await runtime.acquire(second)
 
     asyncio.run(scenario())
+
+
+def test_evict_idle_and_drop_host_copy(tmp_path: Path) -> None:
+    """The helpers bench/lora.py uses: idle unpinned adapters leave their slots, busy and pinned ones
+    stay; a dropped host copy is read from disk at the next install."""
+    model = Tiny()
+    layers = LoraLayers(model, max_cpu_loras=3)
+    slots = LoraSlots(LocalInstaller(layers), max_loras=3)
+    busy, idle, pinned = (adapter(tmp_path, i, 4, i)[0] for i in (1, 2, 3))
+
+    async def scenario() -> None:
+        await slots.add(pinned, preload=False, pin=True)
+        await slots.acquire(busy)
+        await slots.acquire(idle)
+        slots.release(idle)
+        assert await slots.evict_idle() == 1
+        assert set(model.proj._lmforge_lora) == {1, 3}  # type: ignore[arg-type]
+        assert slots.stats()["lora_evictions_total"] == 1
+        await slots.drop_host_copy(idle)
+        assert layers.stats()["lora_host_cached"] == 2
+        await slots.acquire(idle)  # back from disk
+        assert set(model.proj._lmforge_lora) == {1, 2, 3}  # type: ignore[arg-type]
+
+    asyncio.run(scenario())

@@ -118,10 +118,6 @@ class LoraSlots:
         its installed weights, if resident, stay."""
         await self.installer.forget(adapter.int_id)
 
-    def resident(self) -> dict[int, int]:
-        """Resident adapter id -> running requests, least recently used first."""
-        return dict(self._resident)
-
     def _idle(self) -> int | None:
         for adapter_id, users in self._resident.items():
             if users == 0 and adapter_id not in self._pinned:
