@@ -272,6 +272,9 @@ def main() -> None:
         "worst_bring_in_from_host_ms_p50": worst_bring,
         "levels": levels,
     }
+    notes = RESULTS / f"{name}-notes.md"  # context kept beside the result (before/after, run-to-run spread)
+    if notes.exists():
+        result["notes"] = notes.read_text().strip()
     out = args.out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -338,6 +341,8 @@ def report(result: dict[str, Any]) -> str:
         f"(worst p50 {result['worst_bring_in_from_host_ms_p50']:.2f} ms).",
         "",
     ]
+    if result.get("notes"):
+        lines += [result["notes"], ""]
     return "\n".join(lines)
 
 

@@ -163,6 +163,7 @@ class LoraLayers:
             )
 
     def _read(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Module -> (A ``[r, in]``, B^T ``[r, out]``): B is transposed once here, not at each install."""
         from safetensors.torch import load_file
 
         raw = load_file(str(Path(adapter.path) / "adapter_model.safetensors"), device="cpu")
@@ -170,8 +171,8 @@ class LoraLayers:
         for module in adapter.modules:
             key = _PEFT_PREFIX + module if _PEFT_PREFIX + module + ".lora_A.weight" in raw else module
             a = raw[f"{key}.lora_A.weight"].to(self.dtype)
-            b = raw[f"{key}.lora_B.weight"].to(self.dtype)
-            factors[module] = (a, b)
+            bt = raw[f"{key}.lora_B.weight"].to(self.dtype).t().contiguous()
+            factors[module] = (a, bt)
         return factors
 
     def host_weights(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -194,7 +195,7 @@ class LoraLayers:
         """Put the adapter's factors in its layers (its requests may run from now on)."""
         started = time.perf_counter()
         weights = self.host_weights(adapter)
-        for module_name, (a, b) in weights.items():
+        for module_name, (a, bt) in weights.items():
             linear = self._linears[module_name]
             if module_name not in self._patched:
                 setattr(linear, _WEIGHTS_ATTR, {})
@@ -204,7 +205,7 @@ class LoraLayers:
             table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
             table[adapter.int_id] = (
                 a.to(self.device, non_blocking=True),
-                (b * adapter.scaling).t().contiguous().to(self.device, non_blocking=True),
+                (bt * adapter.scaling).to(self.device, non_blocking=True),
             )
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
