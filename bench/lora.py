@@ -11,7 +11,9 @@ seven projection layers, like lmforge.testing.lora.make_adapter) it measures:
   are evicted and brought back while the batch runs (output tokens/s);
 * the time to bring a non-resident adapter into its slot, from host memory (preloaded) and from disk.
 
-The mixed overhead is also given as a fraction of the base TPOT. The tiny model's result
+The scenarios run in interleaved rounds (order reversed every other round); an overhead is the
+median over rounds of (scenario TPOT - base TPOT of the same round), so the slow drifts of a shared
+machine cancel, and the mixed overhead is also given as a fraction of the base TPOT. The tiny model's result
 (bench/results/lora-lmi-dist.json) keeps its 1 ms per token target; the 135 M model's
 (lora-lmi-dist-smollm2-135m.json) has the goal of issue 17: 8 distinct rank-8 adapters in one batch
 cost at most 15 % of the base TPOT (``ratio`` = 0.15 / the worst measured fraction, >= 1 when met).
@@ -104,19 +106,32 @@ async def run_batch(engine: Any, adapters: list[Any | None], tag: str) -> dict[s
     }
 
 
-ROUNDS = 7
+ROUNDS = 9
 
 
 async def interleaved(
     engine: Any, scenarios: dict[str, list[Any | None]], rounds: int
-) -> dict[str, dict[str, float]]:
-    """Every scenario once per round, rounds one after another (so machine load hits all alike);
-    the median round of each by TPOT."""
+) -> dict[str, list[dict[str, float]]]:
+    """Every scenario once per round, rounds one after another (so machine load hits all alike), the
+    order reversed every other round; each scenario's runs in round order."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
     for r in range(rounds):
-        for name, adapters in scenarios.items():
-            runs[name].append(await run_batch(engine, adapters, f"{name}{r}"))
-    return {name: sorted(rs, key=lambda x: x["tpot_ms"])[len(rs) // 2] for name, rs in runs.items()}
+        order = list(scenarios) if r % 2 == 0 else list(reversed(scenarios))
+        for name in order:
+            runs[name].append(await run_batch(engine, scenarios[name], f"{name}{r}"))
+    return runs
+
+
+def paired(runs: dict[str, list[dict[str, float]]], name: str) -> tuple[float, float]:
+    """``name``'s overhead over the base model: the median over rounds of (its TPOT - the base's TPOT
+    in the same round), in ms and as a fraction of that round's base TPOT. Pairing within a round
+    cancels the slow drifts of a shared machine that a difference of two medians keeps."""
+    pairs = [(x["tpot_ms"], b["tpot_ms"]) for x, b in zip(runs[name], runs["base"], strict=True)]
+    return statistics.median(x - b for x, b in pairs), statistics.median((x - b) / b for x, b in pairs)
+
+
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    return sorted(runs, key=lambda x: x["tpot_ms"])[len(runs) // 2]
 
 
 async def measure(model: Path, adapter_dirs: list[Path], rounds: int) -> dict[str, Any]:
@@ -152,12 +167,13 @@ async def _measure(engine: Any, registry: Any, adapter_dirs: list[Path], rounds:
     await run_batch(engine, [None] * 2, "warm")
     distinct = [handles[i % min(len(handles), MAX_LORAS)] for i in range(CONCURRENCY)]
     await run_batch(engine, distinct, "warm-mixed")  # brings the 8 adapters in before timing
-    figures = await interleaved(
+    runs = await interleaved(
         engine,
         {"base": [None] * CONCURRENCY, "one": [handles[0]] * CONCURRENCY, "mixed": distinct},
         rounds,
     )
-    base, one, mixed = figures["base"], figures["one"], figures["mixed"]
+    base, one, mixed = (median_run(runs[name]) for name in ("base", "one", "mixed"))
+    (one_ms, one_fraction), (mixed_ms, mixed_fraction) = paired(runs, "one"), paired(runs, "mixed")
     churn_list = [handles[i % len(handles)] for i in range(32)]
     loads_before = slots.loads_total
     churn = await run_batch(engine, churn_list, "churn")
@@ -177,22 +193,16 @@ async def _measure(engine: Any, registry: Any, adapter_dirs: list[Path], rounds:
         await slots.evict_idle()
         await slots.drop_host_copy(adapter)
         disk_ms.append(await bring_in(adapter))
-    base_tpot = base["tpot_ms"]
     return {
         "adapters": len(adapter_dirs),
         "register_ms_per_adapter": register_ms,
         "base": base,
         "one_resident_adapter": one,
         "mixed_resident_adapters": {**mixed, "distinct": min(len(handles), MAX_LORAS)},
+        "tpot_ms_rounds": {name: [round(x["tpot_ms"], 3) for x in rs] for name, rs in runs.items()},
         "churn": churn,
-        "overhead_ms_per_token": {
-            "one_adapter": one["tpot_ms"] - base_tpot,
-            "mixed_adapters": mixed["tpot_ms"] - base_tpot,
-        },
-        "overhead_fraction_of_base_tpot": {
-            "one_adapter": (one["tpot_ms"] - base_tpot) / base_tpot,
-            "mixed_adapters": (mixed["tpot_ms"] - base_tpot) / base_tpot,
-        },
+        "overhead_ms_per_token": {"one_adapter": one_ms, "mixed_adapters": mixed_ms},
+        "overhead_fraction_of_base_tpot": {"one_adapter": one_fraction, "mixed_adapters": mixed_fraction},
         "bring_in_ms": {
             "from_host_memory": {"p50": statistics.median(host_ms), "max": max(host_ms)},
             "from_disk": {"p50": statistics.median(disk_ms), "max": max(disk_ms)},
@@ -299,8 +309,9 @@ def report(result: dict[str, Any]) -> str:
         "",
         f"{result['model']}; engine only (frontend slots + engine core), {s['concurrency']} concurrent "
         f"requests x {s['new_tokens']} new tokens, greedy, option.max_loras={s['max_loras']}, "
-        f"median of {s.get('rounds', ROUNDS)} interleaved rounds. Overhead = TPOT with adapters - TPOT of "
-        "the base model in the same run (and that as a fraction of the base TPOT); "
+        f"{s.get('rounds', ROUNDS)} interleaved rounds (TPOT: the median round). Overhead = the median "
+        "over rounds of TPOT with adapters - TPOT of the base model in the same round (and that as a "
+        "fraction of the round's base TPOT); "
         "bring-in = time for a request's adapter to get a slot when it is not resident. "
         f"Result: `bench/results/{result['name']}.json`.",
         "",
