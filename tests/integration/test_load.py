@@ -432,13 +432,14 @@ def test_killed_engine_process_ends_in_flight_requests_ping_turns_503_and_the_se
     tiny_model: Path, tmp_path: Path, victim: str, cause: str
 ) -> None:
     """The honest way to break the generation loop from outside: SIGKILL the rank-1 process of a
-    tensor-parallel (``option.tensor_parallel_degree=2``) engine, or its engine core (rank 0), while
-    it decodes a full batch. Every request ends with an error naming the cause, ``/ping`` says 503,
-    and the server exits non-zero on its own (its container is replaced)."""
+    tensor-parallel (``option.tensor_parallel_degree=2``) engine, or the engine core of a one-process
+    engine, while it decodes a full batch. Every request ends with an error naming the cause,
+    ``/ping`` says 503, and the server exits non-zero on its own (its container is replaced)."""
+    ranks = "2" if victim.endswith("follower") else "1"
     model = with_properties(
         tiny_model,
         tmp_path / "tp",
-        **{"option.tensor_parallel_degree": "2", "option.max_rolling_batch_size": "8"},
+        **{"option.tensor_parallel_degree": ranks, "option.max_rolling_batch_size": "8"},
     )
     srv = RemoteServer(model).start()
     assert srv.proc is not None

