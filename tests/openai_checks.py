@@ -225,7 +225,7 @@ TIME = {
 }
 
 
-def check_structured_output(client: openai.OpenAI, model: str) -> None:
+def check_structured_output(client: openai.OpenAI, model: str, *, auto_tools: bool = False) -> None:
     """``response_format`` and forced tool calls through the official client: replies that follow the
     schema even from a random-weight model (the schemas leave few choices, so replies are short), the
     same greedy answer streamed and not, and 400s that name the field."""
@@ -309,11 +309,12 @@ def check_structured_output(client: openai.OpenAI, model: str) -> None:
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "schema"),
         ({"response_format": {"type": "xml"}}, "response_format"),
-        ({"tools": [WEATHER]}, "tool_choice"),  # auto: not served yet, said so
         ({"tools": [WEATHER], "tool_choice": named | {"function": {"name": "nope"}}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"response_format": fmt, "ignore_eos": True}, "ignore_eos"),
     ]
+    if not auto_tools:  # auto without option.enable_auto_tool_choice: refused, saying what to set
+        refusals.append(({"tools": [WEATHER]}, "tool_choice"))
     for extra, field in refusals:
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model=model, messages=ask, max_tokens=4, extra_body=extra)

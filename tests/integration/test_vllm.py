@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
 MAX_TOKENS = 24
 PROPERTIES = VLLM_PROPERTIES
+AUTO_TOOLS = "option.enable_auto_tool_choice=true\noption.tool_call_parser=pythonic\n"
 
 
 def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
@@ -51,7 +52,8 @@ def served(
 ) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
     """The server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
     root = tmp_path_factory.mktemp("vllm")
-    model = _vllm_model(tiny_model, root / "model")
+    # tool_choice "auto" read by vLLM's own pythonic tool parser (a name lmforge does not read itself)
+    model = _vllm_model(tiny_model, root / "model", AUTO_TOOLS)
     server = RemoteServer(model, env=env, wait_ready=False, startup_timeout=300).start()
     requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
     requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
@@ -285,7 +287,39 @@ def test_structured_output_and_forced_tool_calls(served: tuple[RemoteServer, lis
 
     server, _ = served
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    check_structured_output(client, client.models.list().data[0].id)
+    check_structured_output(client, client.models.list().data[0].id, auto_tools=True)
+
+
+def test_auto_tool_choice_goes_through_vllms_tool_parser(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    """With option.tool_call_parser=pythonic the server started (vLLM has that parser) and a chat
+    request with tools and tool_choice auto is answered, streamed and not: the random model's reply is
+    no pythonic call, so it comes back as content (tests/unit/test_vllm_tool_calls.py reads real calls
+    with the same parser)."""
+    import openai
+
+    server, _ = served
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    }
+    kwargs: dict[str, Any] = {
+        "model": client.models.list().data[0].id,
+        "messages": [{"role": "user", "content": "weather?"}],
+        "tools": [tool],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length" and whole.message.tool_calls is None
+    streamed = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(**kwargs, stream=True)
+        if chunk.choices
+    )
+    assert streamed == (whole.message.content or "")
 
 
 def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[dict[str, Any]]]) -> None:

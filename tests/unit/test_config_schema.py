@@ -251,6 +251,11 @@ def test_output_formatter(tmp_path: Path) -> None:
     assert (tools.enable_auto_tool_choice, tools.tool_call_parser) == (True, "hermes")
     (line,) = errors(tmp_path, "option.enable_auto_tool_choice=true\n")
     assert "option.tool_call_parser" in line
+    # other names are vLLM's own parsers: the vLLM engine only (its start checks the name)
+    vllm = load(tmp_path, "option.rolling_batch=vllm\noption.tool_call_parser=Pythonic\n").config
+    assert vllm.tool_call_parser == "pythonic"
+    (line,) = errors(tmp_path, "option.rolling_batch=lmi-dist\noption.tool_call_parser=pythonic\n")
+    assert "option.tool_call_parser='pythonic'" in line and "option.rolling_batch=vllm" in line, line
     (line,) = errors(tmp_path, "option.reasoning_parser=o1\n")
     assert line.endswith("option.reasoning_parser = 'o1': expected one of deepseek_r1, qwen3")
     (line,) = errors(tmp_path, "option.output_formatter=xml\n")

@@ -31,8 +31,9 @@ from pydantic_core import PydanticCustomError
 DType = Literal["auto", "fp32", "fp16", "bf16"]
 RollingBatch = Literal["auto", "vllm", "trtllm", "lmi-dist", "disable"]
 OutputFormatter = Literal["json", "jsonlines", "sse"]
-ToolCallParser = Literal["hermes", "llama3_json"]
 ReasoningParser = Literal["deepseek_r1", "qwen3"]
+#: tool-call syntaxes lmforge reads on every engine (vLLM's engine takes any of its own parsers' names)
+BUILTIN_TOOL_PARSERS = ("hermes", "llama3_json")
 #: the LMI ``engine`` key: how DJL Serving runs the worker (not an lmforge engine, see lmforge.engines)
 WorkerMode = Literal["Python", "MPI"]
 
@@ -197,10 +198,12 @@ class ServingConfig(BaseModel):
         "when a request has tools); needs option.tool_call_parser",
         json_schema_extra=_key("option.enable_auto_tool_choice"),
     )
-    tool_call_parser: ToolCallParser | None = Field(
+    tool_call_parser: str | None = Field(
         default=None,
         description="the model family's tool-call syntax: hermes (<tool_call> JSON blocks: Hermes, "
-        "Qwen 2.5/3, SmolLM3) or llama3_json (JSON objects with name and parameters: Llama 3.1+)",
+        "Qwen 2.5/3, SmolLM3) or llama3_json (JSON objects with name and parameters: Llama 3.1+) on "
+        "every engine; with option.rolling_batch=vllm, any parser vLLM has (mistral, pythonic, "
+        "granite, ...), read by vLLM's own parser classes",
         json_schema_extra=_key("option.tool_call_parser"),
     )
     reasoning_parser: ReasoningParser | None = Field(
@@ -391,6 +394,12 @@ class ServingConfig(BaseModel):
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError(
                 "option.enable_auto_tool_choice=true needs option.tool_call_parser (hermes or llama3_json)"
+            )
+        parser = self.tool_call_parser
+        if parser is not None and parser not in BUILTIN_TOOL_PARSERS and self.rolling_batch != "vllm":
+            raise ValueError(
+                f"option.tool_call_parser={parser!r}: lmforge reads hermes and llama3_json on every "
+                "engine; other names are vLLM's parsers and need option.rolling_batch=vllm"
             )
         return self
 

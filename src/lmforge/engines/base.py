@@ -15,7 +15,7 @@ from lmforge.engines.protocol import EngineStats
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
-    from lmforge.engines.protocol import GenerationRequest, SamplingParams
+    from lmforge.engines.protocol import CallSyntax, GenerationRequest, SamplingParams
 
 
 class RequestCounters(TypedDict):
@@ -78,6 +78,11 @@ class EngineBase:
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
+
+    def tool_call_syntax(self, name: str, tools: list[dict[str, Any]]) -> CallSyntax | None:
+        """The engine's own reader of ``option.tool_call_parser`` ``name`` for one chat reply whose
+        request offered ``tools``; None = lmforge's built-in one (``hermes``, ``llama3_json``)."""
+        return None
 
     @property
     def model_name(self) -> str:

@@ -213,6 +213,25 @@ class GenerationEvent:
         return self.finish_reason is not None
 
 
+Call = tuple[str, str]
+"""A tool call read from a reply: (function name, arguments as JSON text)."""
+
+
+class CallSyntax(Protocol):
+    """A model family's tool-call syntax, read from one chat reply's text (``option.tool_call_parser``
+    with ``tool_choice: "auto"``). lmforge reads ``hermes`` and ``llama3_json`` itself on every engine
+    (:mod:`lmforge.handlers.reply_parsing`); an engine may bring its own
+    (:meth:`lmforge.engines.base.EngineBase.tool_call_syntax`)."""
+
+    def sendable(self, content: str, sent: int) -> int:
+        """How much of the reply's ``content`` so far may stream as plain text now (the rest may still
+        turn into a call); ``sent`` is how much already went out."""
+
+    def extract(self, text: str) -> tuple[str, list[Call]] | None:
+        """(the text before the calls, the calls) when the complete reply ``text`` makes tool calls,
+        else None (a plain answer)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the handler layer needs from a backend. See the module docstring for the contract."""

@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``marker`` (text that must be
+    held back while it may still turn into ``marker``)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text pieces whose concatenation is the decoded text.
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
     from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
-    from lmforge.engines.protocol import Engine
+    from lmforge.engines.protocol import CallSyntax, Engine
 
 log = logging.getLogger("lmforge.handlers")
 
@@ -341,7 +341,11 @@ class DefaultHandler:
         self, req: ParsedRequest, model: str
     ) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
         if req.chat:
-            tools = self.config.tool_call_parser if req.auto_tools else None
+            name = self.config.tool_call_parser if req.auto_tools else None
+            tools: str | CallSyntax | None = name
+            syntax = getattr(self.engine, "tool_call_syntax", None)
+            if name is not None and syntax is not None:
+                tools = syntax(name, req.tools or []) or name
             reasoning = self.config.reasoning_parser
             parse = (tools or reasoning) and req.tool_mode is None
             return ofmt.ChatFormatter(

@@ -27,7 +27,8 @@ from lmforge.handlers.formatters import SSE, dumps, frame
 from lmforge.handlers.logprobs import TokenText
 
 if TYPE_CHECKING:
-    from lmforge.handlers.reply_parsing import Call, ReplyParser
+    from lmforge.engines.protocol import Call
+    from lmforge.handlers.reply_parsing import ReplyParser
     from lmforge.handlers.tools import ToolCallMode
 
 #: lmforge's finish reasons -> OpenAI's; None: the request has no answer to finish (the engine ended

@@ -22,20 +22,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmforge.config.schema import BUILTIN_TOOL_PARSERS
+from lmforge.engines.protocol import Call, CallSyntax
+from lmforge.engines.text import partial_suffix
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
-
-Call = tuple[str, str]
-"""(function name, arguments as JSON text)"""
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that is a proper start of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def _call(obj: Any, arg_keys: tuple[str, ...]) -> Call | None:
@@ -87,13 +80,37 @@ def extract_calls(parser: str, text: str) -> tuple[str, list[Call]] | None:
     return "", calls
 
 
+BUILTIN_SYNTAXES = BUILTIN_TOOL_PARSERS
+"""The tool-call syntaxes lmforge reads itself, on every engine."""
+
+
+@dataclass(frozen=True)
+class BuiltinCalls:
+    """A built-in tool-call syntax (:data:`BUILTIN_SYNTAXES`) as a :class:`CallSyntax`."""
+
+    name: str
+
+    def sendable(self, content: str, sent: int) -> int:
+        if self.name == "hermes":
+            start = content.find(CALL_OPEN)
+            return start if start >= 0 else len(content) - partial_suffix(content, CALL_OPEN)
+        head = content.lstrip()
+        if not head or head.startswith("{") or PYTHON_TAG.startswith(head) or head.startswith(PYTHON_TAG):
+            return sent  # undecided, or a JSON call: hold
+        return len(content)
+
+    def extract(self, text: str) -> tuple[str, list[Call]] | None:
+        return extract_calls(self.name, text)
+
+
 @dataclass
 class ReplyParser:
     """One reply's splitter. ``feed`` each token's text and send what it returns; ``finish`` at the end
     returns the last parts and the calls (None when the reply made none)."""
 
     reasoning: str | None = None
-    tools: str | None = None
+    tools: str | CallSyntax | None = None
+    """A built-in syntax's name (:data:`BUILTIN_SYNTAXES`) or an engine's own (vLLM's parsers)."""
     _text: str = ""
     _thinking: bool = field(init=False)
     _think_checked: bool = field(init=False)
@@ -104,6 +121,8 @@ class ReplyParser:
     _content_sent: int = 0
 
     def __post_init__(self) -> None:
+        tools = self.tools
+        self._calls: CallSyntax | None = BuiltinCalls(tools) if isinstance(tools, str) else tools
         self._thinking = self.reasoning == "deepseek_r1"
         self._think_checked = self.reasoning != "qwen3"
 
@@ -113,10 +132,10 @@ class ReplyParser:
 
     def finish(self) -> tuple[dict[str, str], list[Call] | None]:
         parts = self._advance(final=True)
-        if self.tools is None:
+        if self._calls is None:
             return parts, None
         content = self._text[self._content_start :]
-        found = extract_calls(self.tools, content)
+        found = self._calls.extract(content)
         if found is None:
             parts["content"] = parts.get("content", "") + content[self._content_sent :]
             return _nonempty(parts), None
@@ -134,8 +153,8 @@ class ReplyParser:
             reasoning = self._text[self._reasoning_start : self._reasoning_sent].strip()
         content = self._text[self._content_start :]
         calls = None
-        if self.tools is not None:
-            found = extract_calls(self.tools, content)
+        if self._calls is not None:
+            found = self._calls.extract(content)
             if found is not None:
                 content, calls = found
         return reasoning, content, calls
@@ -161,7 +180,7 @@ class ReplyParser:
                 return parts  # may be the model opening <think> itself
             end = text.find(THINK_CLOSE, self._reasoning_sent)
             if end < 0:
-                stop = len(text) if final else len(text) - _partial_suffix(text, THINK_CLOSE)
+                stop = len(text) if final else len(text) - partial_suffix(text, THINK_CLOSE)
                 if stop > self._reasoning_sent:
                     parts["reasoning_content"] = text[self._reasoning_sent : stop]
                     self._reasoning_sent = stop
@@ -178,24 +197,14 @@ class ReplyParser:
                 self._content_start += 1
         content = text[self._content_start :]
         safe = len(content)
-        if self.tools is not None:
+        if self._calls is not None:
             if final:
                 return parts  # finish() decides between text and calls
-            safe = self._safe_content(content)
+            safe = max(self._calls.sendable(content, self._content_sent), self._content_sent)
         if safe > self._content_sent:
             parts["content"] = content[self._content_sent : safe]
             self._content_sent = safe
         return parts
-
-    def _safe_content(self, content: str) -> int:
-        """How much of the content can be sent as text now (the rest may be a tool call)."""
-        if self.tools == "hermes":
-            start = content.find(CALL_OPEN)
-            return start if start >= 0 else len(content) - _partial_suffix(content, CALL_OPEN)
-        head = content.lstrip()
-        if not head or head.startswith("{") or PYTHON_TAG.startswith(head) or head.startswith(PYTHON_TAG):
-            return self._content_sent  # undecided, or a JSON call: hold
-        return len(content)
 
 
 def _nonempty(parts: dict[str, str]) -> dict[str, str]:

@@ -55,6 +55,7 @@ from lmforge.errors import (
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
+    from lmforge.engines.protocol import CallSyntax
 
 log = logging.getLogger("lmforge.engines.vllm")
 
@@ -101,6 +102,11 @@ class VllmEngine(EngineBase):
         from lmforge.engines.vllm.options import engine_kwargs
 
         kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        if self.config.tool_call_parser:
+            from lmforge.engines.vllm.tool_calls import parser_class
+
+            # an unknown name fails the start
+            await asyncio.to_thread(parser_class, self.config.tool_call_parser)
         if await asyncio.to_thread(_on_cpu):
             from lmforge.engines.vllm.cpu_sizing import cpu_cache_kwargs
 
@@ -142,6 +148,12 @@ class VllmEngine(EngineBase):
         eos = getattr(generation, "eos_token_id", None)
         ids.update([eos] if isinstance(eos, int) else list(eos or []))
         return ids
+
+    def tool_call_syntax(self, name: str, tools: list[dict[str, Any]]) -> CallSyntax | None:
+        """vLLM's own parser for ``option.tool_call_parser`` (any name vLLM registers)."""
+        from lmforge.engines.vllm.tool_calls import VllmToolCalls, parser_class
+
+        return VllmToolCalls(parser_class(name), self._tokenizer, tools)
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None
