@@ -538,9 +538,12 @@ step at concurrency 32 takes 130-260 ms of arithmetic and memory traffic, and:
   fell from 0.71x (tiny) to 0.58x (135 M; TPOT 261 vs 128 ms): linear layers were 55 % of the
   process, attention 22 %, and the generation thread shared its interpreter with the HTTP loop. With
   the engine core in its own process, prepacked oneDNN linears and batched per-request attention
-  reading the cache slots directly, it is 0.96x (tiny) and 0.83x (135 M; TPOT ~170 vs ~126 ms) at
-  concurrency 32, 1.13x / 0.91x alone and 0.76x / 0.86x at concurrency 8, and its TTFT at 32 is
-  lower than vLLM's on both (the profile is in the 135 M engines section above).
+  reading the cache slots directly, it is 0.96x (tiny) and 0.88x (135 M; TPOT ~168 vs ~129 ms) at
+  concurrency 32, 1.13x / 0.89x alone and 0.76x / 0.86x at concurrency 8, and its TTFT at 32 is
+  lower than vLLM's on both (the profile is in the 135 M engines section above). At concurrency 32
+  on the 135 M model a layer's decode attention takes ~0.64 ms (PyTorch's CPU flash SDPA over the
+  gathered keys ~0.45 ms, the key/value gather ~0.13 ms), ~12 % of the step: the largest piece
+  left that vLLM's paged-attention kernel does differently.
 - **Continuous batching keeps its value on real weights.** On varying lengths LMI-Dist does 3.01x
   the useful tokens per CPU-second of static `generate` (3.14x on the 27 M random model): the gain
   comes from not computing padding, which does not depend on the weights. On equal lengths the
