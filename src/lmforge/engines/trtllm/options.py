@@ -75,12 +75,17 @@ def parse_options(extra: Mapping[str, str]) -> tuple[TrtllmOptions, list[str]]:
             )
             continue
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean option.{close[0]}?" if close else ""
-            problems.append(f"option.{name} is not a TensorRT-LLM option lmforge knows{hint}")
+            problems.append(_unknown(name, key, known))
             continue
         try:
             values[key] = _typed(key, text, known[key])
         except ValueError as exc:
             problems.append(f"option.{name} = {text!r}: {exc}")
     return TrtllmOptions(**values), problems
+
+
+def _unknown(name: str, key: str, known: Mapping[str, Any]) -> str:
+    """The problem line for ``option.<name>`` that no TensorRT-LLM path knows, with the closest key."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean option.{close[0]}?" if close else ""
+    return f"option.{name} is not a TensorRT-LLM option lmforge knows{hint}"

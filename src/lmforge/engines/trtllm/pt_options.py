@@ -9,12 +9,11 @@ SmoothQuant scaling, AWQ block size) are refused with the reason, as the engine 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmforge.engines.trtllm.options import _IGNORED, TrtllmOptions, _typed
+from lmforge.engines.trtllm.options import _IGNORED, TrtllmOptions, _typed, _unknown
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,7 @@ def parse_pt_options(extra: Mapping[str, str]) -> tuple[PtOptions, list[str]]:
             )
             continue
         if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean option.{close[0]}?" if close else ""
-            problems.append(f"option.{name} is not a TensorRT-LLM option lmforge knows{hint}")
+            problems.append(_unknown(name, key, known))
             continue
         if key in _ZERO_OK and text.strip() == "0":
             values[key] = 0
