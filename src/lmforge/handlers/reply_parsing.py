@@ -22,7 +22,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmforge.config.schema import BUILTIN_TOOL_PARSERS
 from lmforge.engines.protocol import Call, CallSyntax
 from lmforge.engines.text import partial_suffix
 
@@ -80,13 +79,10 @@ def extract_calls(parser: str, text: str) -> tuple[str, list[Call]] | None:
     return "", calls
 
 
-BUILTIN_SYNTAXES = BUILTIN_TOOL_PARSERS
-"""The tool-call syntaxes lmforge reads itself, on every engine."""
-
-
 @dataclass(frozen=True)
 class BuiltinCalls:
-    """A built-in tool-call syntax (:data:`BUILTIN_SYNTAXES`) as a :class:`CallSyntax`."""
+    """A built-in tool-call syntax (``hermes``, ``llama3_json``: ``BUILTIN_TOOL_PARSERS`` in
+    :mod:`lmforge.config.schema`) as a :class:`CallSyntax`."""
 
     name: str
 
@@ -110,7 +106,7 @@ class ReplyParser:
 
     reasoning: str | None = None
     tools: str | CallSyntax | None = None
-    """A built-in syntax's name (:data:`BUILTIN_SYNTAXES`) or an engine's own (vLLM's parsers)."""
+    """A built-in syntax's name (:class:`BuiltinCalls`) or an engine's own (vLLM's parsers)."""
     _text: str = ""
     _thinking: bool = field(init=False)
     _think_checked: bool = field(init=False)
