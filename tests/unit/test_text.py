@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from lmforge.engines.text import StopMatcher
@@ -67,3 +70,44 @@ def test_concatenation_is_text_for_every_split(split: int) -> None:
     assert stopped
     assert text == "hello "
     assert "".join(t for _, t in out) == "hello "
+
+
+def test_load_tokenizer_is_autotokenizers_choice_without_pytorch(tiny_model: Path, tmp_path: Path) -> None:
+    """A transformers-5 tokenizer folder loads without importing PyTorch (LMI-Dist's HTTP process
+    never runs a model) and gives what AutoTokenizer gives; other folders go through AutoTokenizer."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from lmforge.engines.text import load_tokenizer
+
+    script = (
+        "import sys; from lmforge.engines.text import load_tokenizer; "
+        f"t = load_tokenizer({str(tiny_model)!r}); "
+        "print(type(t).__name__, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["TokenizersBackend", "False"], out.stderr[-2000:]
+    ours, auto = load_tokenizer(str(tiny_model)), AutoTokenizer.from_pretrained(str(tiny_model))
+    assert type(ours) is type(auto)
+    text = "def fib(n):\n    return n  # ünïcode"
+    assert ours.encode(text) == auto.encode(text) and ours.decode(auto.encode(text)) == auto.decode(
+        auto.encode(text)
+    )
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ) == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert (ours.eos_token_id, ours.all_special_ids) == (auto.eos_token_id, auto.all_special_ids)
+    # a folder that names another class (or custom code) is AutoTokenizer's to load
+    other = tmp_path / "other"
+    other.mkdir()
+    for item in tiny_model.iterdir():
+        (other / item.name).symlink_to(item)
+    (other / "tokenizer_config.json").unlink()
+    config = json.loads((tiny_model / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    assert load_tokenizer(str(other)).encode(text) == auto.encode(text)

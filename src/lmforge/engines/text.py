@@ -6,6 +6,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def load_tokenizer(path: str, **kwargs: Any) -> Any:
+    """The tokenizer ``AutoTokenizer.from_pretrained(path, **kwargs)`` gives, without importing
+    PyTorch where that is certain to be the same one.
+
+    ``AutoTokenizer`` imports transformers' configuration and generation modules, which import
+    PyTorch (~3.5 s of CPU and a few hundred MB in a process that never runs a model, such as
+    LMI-Dist's HTTP process). A local folder whose ``tokenizer_config.json`` names the plain
+    ``TokenizersBackend`` (what transformers 5 saves for a ``tokenizer.json`` tokenizer), with no
+    custom code, gets that class directly, as ``AutoTokenizer`` would pick it; anything else goes
+    through ``AutoTokenizer``."""
+    import json
+    from pathlib import Path
+
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if (
+        isinstance(config, dict)
+        and config.get("tokenizer_class") == "TokenizersBackend"
+        and "auto_map" not in config
+        and (folder / "tokenizer.json").is_file()
+        and not kwargs.get("trust_remote_code")
+    ):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(path, **kwargs)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
 def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest end of ``text`` that is a proper start of ``marker`` (text that must be
     held back while it may still turn into ``marker``)."""

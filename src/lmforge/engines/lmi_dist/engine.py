@@ -105,12 +105,12 @@ class LmiDistEngine(EngineBase):
         self.load_seconds = time.monotonic() - started
 
     def _load_tokenizer(self) -> None:
-        from transformers import AutoTokenizer
+        from lmforge.engines.text import load_tokenizer
 
         kwargs: dict[str, Any] = {"trust_remote_code": self.config.trust_remote_code}
         if self.config.revision:
             kwargs["revision"] = self.config.revision
-        self._tokenizer = AutoTokenizer.from_pretrained(str(self.config.model_path), **kwargs)
+        self._tokenizer = load_tokenizer(str(self.config.model_path), **kwargs)
 
     async def shutdown(self) -> None:
         self._end_all("the server is shutting down")
