@@ -76,16 +76,7 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         stacked = stacks(self, table, step)
         if stacked is None:
             return out  # no adapter of the step touches this layer
-        if step.index is None and step.slots and x.numel() == step.tokens * x.shape[-1]:
-            # the usual decode step: rows adapter by adapter already, two batched products
-            k = len(step.key)
-            h = torch.bmm(x.reshape(k, step.slots, x.shape[-1]), stacked[0])
-            out.view(k, step.slots, out.shape[-1]).baddbmm_(h, stacked[1])
-            return out
-        flat_x = x.reshape(-1, x.shape[-1])
-        if flat_x.shape[0] < step.tokens:
-            raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
-        add_mixed(flat_x, out.view(-1, out.shape[-1]), step, stacked)
+        add_mixed(x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]), step, stacked)
     return out
 
 

@@ -167,6 +167,8 @@ def forget_stacks(linear: torch.nn.Module) -> None:
 def add_mixed(flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, factors: Factors) -> None:
     """``flat_out[row] += (flat_x[row] A^T)(s B^T)`` of each adapted row's own adapter, in place."""
     at3, bt3 = factors
+    if flat_x.shape[0] < step.tokens:
+        raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
     x = flat_x if flat_x.shape[0] == step.tokens else flat_x[: step.tokens]
     out = flat_out if flat_out.shape[0] == step.tokens else flat_out[: step.tokens]
     xs = x if step.index is None else x.index_select(0, step.index)
