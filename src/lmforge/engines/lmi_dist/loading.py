@@ -95,8 +95,11 @@ def build(cfg: ServingConfig) -> Built:
         model = model.to("cuda")
     model.eval()
     if world == 1:
+        from lmforge.engines.lmi_dist import lean_layers
         from lmforge.engines.lmi_dist.cpu_linear import prepack
 
+        # LoRA adapts q/k/v and gate/up one by one: with adapters they stay separate layers
+        lean_layers.install(model, fuse=not cfg.enable_lora)
         prepack(model, cfg.max_rolling_batch_size)
     mark("weights")
 
@@ -168,6 +171,7 @@ def build(cfg: ServingConfig) -> Built:
     mark("batching_init")
     if manager.batch_processor is None:  # what warmup() does first: allocate the paged KV cache
         manager.batch_processor = manager._create_batch_processor()
+    sampler_mod.take_choices(manager.batch_processor.model_runner, sampler)
     mark("kv_cache")
     manager.warmup()  # builds the cache now, so its real capacity is known before serving
     mark("warmup")

@@ -90,6 +90,10 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         self._make_grammars = grammars
         self._grammars: Grammars | None = None
         self._eos_ids = list(eos_ids or [])
+        self.direct = False
+        """Hand the step's choices to the model runner (:func:`take_choices`) instead of scores whose
+        argmax they are."""
+        self.chosen: torch.Tensor | None = None
 
     @property
     def grammars(self) -> Grammars:
@@ -144,7 +148,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         logprobs = torch.log_softmax(scores, dim=-1)  # the model's own, before any grammar
         constrained = [(i, row.matcher) for i, row in enumerate(rows) if row.matcher is not None]
         allowed = self.grammars.mask(scores, constrained) if constrained else scores
-        chosen = torch.argmax(allowed, dim=-1)
+        chosen = argmax_rows(allowed)
         for i, row in enumerate(rows):  # the rows whose choice is more than the argmax
             p = row.params
             if p is not None and _reshapes(p, row.draw):
@@ -176,6 +180,9 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             if p.top_n_logprobs > 0:
                 k = p.top_n_logprobs
                 record.top.append(list(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
+        if self.direct:  # the model runner takes ``chosen`` itself (see take_choices)
+            self.chosen = chosen
+            return scores
         out = torch.full_like(scores, float("-inf"))
         out[torch.arange(n), chosen] = 0.0
         return out
@@ -222,6 +229,28 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         return torch.multinomial(probs, 1, generator=generator)[0]
 
 
+_BLOCK = 1024
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(x, dim=-1)`` of a [rows, vocab] tensor, the same index (the first of equal
+    maxima), in two passes: the maximum of each block of 1024 (a vectorized reduction), then the
+    argmax inside the winning block. PyTorch's CPU argmax over a whole vocabulary is not vectorized:
+    8x slower at 32 x 49 k (1.3 ms against 0.16 ms here, twice per step)."""
+    rows, width = x.shape
+    blocks = width // _BLOCK
+    if blocks < 4:
+        return torch.argmax(x, dim=-1)
+    main = blocks * _BLOCK
+    grid = x[:, :main].unflatten(-1, (blocks, _BLOCK))
+    best, which = grid.amax(-1).max(-1)
+    index = which * _BLOCK + grid[torch.arange(rows, device=x.device), which].argmax(-1)
+    if main < width:
+        tail_best, tail_index = x[:, main:].max(-1)
+        index = torch.where(tail_best > best, main + tail_index, index)
+    return index
+
+
 def _reshapes(p: SamplingParams, draw: int) -> bool:
     """Whether a row's choice is more than the argmax of its logits."""
     return bool(
@@ -247,6 +276,24 @@ class _Processors(ContinuousBatchingLogitsProcessorList):  # type: ignore[misc]
         if self.on_batch is not None:
             self.on_batch(requests_in_batch)
         return super().prepare_tensor_args(requests_in_batch, arg_storage)  # type: ignore[no-any-return]
+
+
+def take_choices(runner: Any, sampler: RequestSampler) -> None:
+    """Let transformers' model runner copy ``sampler``'s choices instead of taking the argmax of
+    scores built to have them as their argmax (a [rows, vocab] fill and a full argmax per step). A
+    step the sampler did not see (no choices waiting, or another row count) keeps the runner's own."""
+    own = runner._sample
+
+    def sample(scores: torch.Tensor, output_ids: torch.Tensor) -> None:
+        chosen, sampler.chosen = sampler.chosen, None
+        if chosen is None or chosen.shape[0] != scores.shape[-2]:
+            own(scores, output_ids)
+            return
+        output_ids[0, : chosen.shape[0]].copy_(chosen)
+
+    sampler.direct = not (runner.do_sample or runner.return_logprobs)
+    if sampler.direct:
+        runner._sample = sample
 
 
 def install(
