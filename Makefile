@@ -24,7 +24,8 @@ install: $(STAMP)
 
 # everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`).
 # Two pytest-xdist workers: the suite mostly waits on server processes, containers and the image
-# build; tests that share a server stay on one worker (tests/conftest.py names the groups).
+# build; tests that share a server stay on one worker, and the heaviest group left starts first
+# (tests/conftest.py names the groups and their weights). A third worker measured no faster here.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
