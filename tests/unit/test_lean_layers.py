@@ -39,6 +39,27 @@ def test_lean_layers_give_transformers_logits(model: Any, fuse: bool) -> None:
         assert lean.model.layers[0].self_attn.q_proj.weight.numel() == 0
 
 
+def test_fused_projections_keep_their_biases() -> None:
+    """Qwen2-style q/k/v biases (and MLP biases) survive fusing: same logits as transformers."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_()  # zeros would hide a dropped bias
+    lean = copy.deepcopy(model)
+    assert lean_layers.install(lean, fuse=True) == 2
+    ids = torch.tensor([[1, 5, 9, 33, 2, 60]])
+    with torch.no_grad():
+        torch.testing.assert_close(lean(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_only_llama_shaped_layers_change(model: Any) -> None:
     other = copy.deepcopy(model)
     layer = other.model.layers[0]

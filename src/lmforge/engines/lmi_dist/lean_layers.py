@@ -135,8 +135,13 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
     """One linear layer computing ``linears`` side by side (its output split by ``.sizes``)."""
     first = linears[0]
     bias = first.bias is not None
-    out = torch.nn.Linear(first.in_features, sum(m.out_features for m in linears), bias=bias)
-    out.to(device=first.weight.device, dtype=first.weight.dtype)
+    out = torch.nn.Linear(
+        first.in_features,
+        sum(m.out_features for m in linears),
+        bias=bias,
+        device=first.weight.device,
+        dtype=first.weight.dtype,
+    )
     with torch.no_grad():
         out.weight.copy_(torch.cat([m.weight for m in linears]))
         if bias:
@@ -160,9 +165,9 @@ def install(model: torch.nn.Module, fuse: bool = False) -> int:
                 setattr(attn, _QKV, _fused(*parts[0]))
                 setattr(mlp, _GATE_UP, _fused(*parts[1]))
                 for linear in (*parts[0], *parts[1]):  # the fused copy replaces them
-                    linear.weight.data = torch.empty(0, dtype=linear.weight.dtype)
+                    linear.weight.data = linear.weight.new_empty(0)
                     if linear.bias is not None:
-                        linear.bias.data = torch.empty(0, dtype=linear.bias.dtype)
+                        linear.bias.data = linear.bias.new_empty(0)
             count += 1
     if count:
         log.info("lmi-dist: %d decoder layers on the lean forward", count)
