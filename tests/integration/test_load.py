@@ -26,7 +26,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+from lmforge.handlers.openai_api import ChatMessage, ChatRequest, StreamOptions
+from lmforge.handlers.requests import LmiParameters, LmiRequest
 from lmforge.testing.server import RemoteServer, metrics
 from tests.integration.test_lifecycle import with_properties
 
@@ -719,12 +722,18 @@ def long_numbers(draw: st.DrawFn) -> Case:
     return Case("long_number", text, param="body", words=("digits",))
 
 
+def _fields(model: type[BaseModel]) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
+#: the names each object takes, read from the request models themselves (so a field the server
+#: learns is never drawn as "unknown"); a top-level "messages" turns an LMI body into a chat one
 _KNOWN = {
-    "": {"inputs", "parameters", "stream", "adapters", "messages"},
-    "parameters": {k.split(".")[1] for k in KINDS_LMI if k.startswith("parameters.")},
-    "chat": {k for k in KINDS_CHAT if "." not in k},
-    "messages.0": {"role", "content", "name"},
-    "stream_options": {"include_usage"},
+    "": _fields(LmiRequest) | {"messages"},
+    "parameters": _fields(LmiParameters),
+    "chat": _fields(ChatRequest),
+    "messages.0": _fields(ChatMessage),
+    "stream_options": _fields(StreamOptions),
 }
 
 
