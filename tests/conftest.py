@@ -28,6 +28,19 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment vLLM servers and scripts get: one ``VLLM_CACHE_ROOT`` for the whole run, shared
+    by the pytest-xdist workers, where vLLM keeps what it learned of a model class (else a subprocess
+    of about 9 CPU-seconds at every engine start)."""
+    from lmforge.testing.server import VLLM_ENV
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vllm-cache"
+    root.mkdir(exist_ok=True)
+    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(root)}
+
+
+@pytest.fixture(scope="session")
 def reference(tiny_model: Path) -> Reference:
     import torch
 
@@ -108,6 +121,9 @@ _SHARED_GROUPS = {
     "tests/integration/test_local_instances.py": "local-sagemaker",
     "tests/integration/test_real_model.py": "smollm2",
     "tests/integration/test_smollm2_model.py": "smollm2",
+    "tests/integration/test_server.py": "tiny-server",
+    "tests/integration/test_openai_client.py": "tiny-server",
+    "tests/integration/test_bench_cli.py": "tiny-server",
 }
 
 
@@ -126,9 +142,8 @@ _GROUP_SECONDS = {
     "tests/integration/test_lora.py": 55,
     "tests/unit/test_lmi_dist_engine.py": 40,
     "tests/integration/test_trtllm_fake.py": 35,
-    "tests/integration/test_openai_client.py": 35,
+    "tiny-server": 60,
     "tests/integration/test_trtllm_pytorch.py": 30,
-    "tests/integration/test_server.py": 25,
     "tests/integration/test_container_entrypoint.py": 25,
 }
 

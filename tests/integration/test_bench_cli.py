@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,8 @@ FIGURES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[RemoteServer]:
-    with RemoteServer(tiny_model) as srv:
-        yield srv
+def server(tiny_server: RemoteServer) -> RemoteServer:
+    return tiny_server
 
 
 class Ran:

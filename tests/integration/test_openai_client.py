@@ -4,7 +4,6 @@ tests/integration/test_vllm.py runs the same client against the vLLM engine."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
@@ -18,9 +17,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[RemoteServer]:
-    with RemoteServer(tiny_model) as srv:
-        yield srv
+def server(tiny_server: RemoteServer) -> RemoteServer:
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,9 +24,8 @@ PROMPTS = ["def ", "import os\n", "class Foo(object):\n    ", "for i in range("]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[RemoteServer]:
-    with RemoteServer(tiny_model) as srv:
-        yield srv
+def server(tiny_server: RemoteServer) -> RemoteServer:
+    return tiny_server
 
 
 def invoke(srv: RemoteServer, body: object, **kwargs: object) -> httpx.Response:

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
+from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
@@ -42,8 +42,8 @@ def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+def env(vllm_env: dict[str, str]) -> dict[str, str]:
+    return vllm_env
 
 
 @pytest.fixture(scope="module")

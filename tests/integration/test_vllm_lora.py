@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from lmforge.testing.lora import PeftReference
-from lmforge.testing.server import VLLM_ENV, RemoteServer, metrics
+from lmforge.testing.server import RemoteServer, metrics
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
@@ -52,8 +52,8 @@ option.max_cpu_loras=4
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
+def env(vllm_env: dict[str, str]) -> dict[str, str]:
+    return vllm_env
 
 
 @pytest.fixture(scope="module")
