@@ -292,3 +292,35 @@ def test_importing_the_module_does_not_import_torch() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_smollm2_conversion_parses_each_gguf_once_then_restores_gguf(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Inside the conversion's block, opening one GGUF again returns the first reader and the tensor-name
+    table is built once per (arch, layers); after it, gguf's own functions are back."""
+    import gguf
+
+    from lmforge.models.smollm2 import _gguf_parsed_once
+
+    opened: list[str] = []
+    tables: list[tuple[Any, int]] = []
+
+    class Reader:
+        def __init__(self, path: str | os.PathLike[str], mode: str = "r") -> None:
+            opened.append(os.fspath(path))
+
+    def table(arch: Any, n_blocks: int) -> object:
+        tables.append((arch, n_blocks))
+        return object()
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", table)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with _gguf_parsed_once():
+        first = gguf.GGUFReader(a)
+        assert gguf.GGUFReader(str(a)) is first and gguf.GGUFReader(b) is not first
+        assert gguf.get_tensor_name_map("llama", 30) is gguf.get_tensor_name_map("llama", 30)
+        gguf.get_tensor_name_map("llama", 2)
+    assert opened == [str(a), str(b)] and tables == [("llama", 30), ("llama", 2)]
+    assert gguf.GGUFReader is Reader and gguf.get_tensor_name_map is table
