@@ -127,24 +127,24 @@ _SHARED_GROUPS = {
 }
 
 
-#: Seconds a group took on one worker here (sum of ``--durations=0``, 3 workers on 2 cores): the
-#: scheduler hands out the heaviest group left first, so the long groups start early and the small
-#: files fill the gaps at the end (xdist's own order, most tests first, started the slowest groups
-#: last: 11 min 29 s, against 10 min 22 s in this order). Only the order depends on these numbers; a
-#: file missing here weighs a tenth of a second per test.
+#: Seconds a group took on one worker here (sum of ``--durations=0``, ``make test``'s 2 workers on 2
+#: cores): the scheduler hands out the heaviest group left first, so the long groups start early and
+#: the small files fill the gaps at the end (xdist's own order, most tests first, started the slowest
+#: groups last: 11 min 29 s, against 10 min 22 s in this order). Only the order depends on these
+#: numbers; a file missing here weighs a tenth of a second per test.
 _GROUP_SECONDS = {
-    "smollm2": 400,
-    "local-sagemaker": 380,
-    "vllm": 310,
-    "tests/integration/test_load.py": 160,
-    "image": 155,
-    "tests/integration/test_lifecycle.py": 75,
-    "tests/integration/test_lora.py": 55,
-    "tests/unit/test_lmi_dist_engine.py": 40,
-    "tests/integration/test_trtllm_fake.py": 35,
-    "tiny-server": 60,
-    "tests/integration/test_trtllm_pytorch.py": 30,
-    "tests/integration/test_container_entrypoint.py": 25,
+    "local-sagemaker": 300,
+    "smollm2": 235,
+    "image": 135,
+    "vllm": 135,
+    "tests/integration/test_load.py": 110,
+    "tests/integration/test_lifecycle.py": 57,
+    "tiny-server": 51,
+    "tests/integration/test_lora.py": 32,
+    "tests/integration/test_trtllm_pytorch.py": 26,
+    "tests/unit/test_lmi_dist_engine.py": 26,
+    "tests/integration/test_trtllm_fake.py": 22,
+    "tests/integration/test_container_entrypoint.py": 16,
 }
 
 
