@@ -124,6 +124,7 @@ _SHARED_GROUPS = {
     "tests/integration/test_server.py": "tiny-server",
     "tests/integration/test_openai_client.py": "tiny-server",
     "tests/integration/test_bench_cli.py": "tiny-server",
+    "tests/integration/test_lora.py": "tiny-server",
 }
 
 
@@ -139,8 +140,7 @@ _GROUP_SECONDS = {
     "vllm": 135,
     "tests/integration/test_load.py": 110,
     "tests/integration/test_lifecycle.py": 57,
-    "tiny-server": 51,
-    "tests/integration/test_lora.py": 32,
+    "tiny-server": 75,
     "tests/integration/test_trtllm_pytorch.py": 26,
     "tests/unit/test_lmi_dist_engine.py": 26,
     "tests/integration/test_trtllm_fake.py": 22,

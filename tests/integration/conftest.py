@@ -29,7 +29,7 @@ def clients(local: dict[str, str]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model: Path) -> Iterator[RemoteServer]:
     """``lmforge serve`` on the tiny model with its own serving.properties, for every module that only
-    reads from such a server (test_server, test_openai_client, test_bench_cli: one pytest-xdist group,
-    so one start). A test that stops or breaks a server starts its own."""
+    reads from such a server (test_server, test_openai_client, test_bench_cli, test_lora: one
+    pytest-xdist group, so one start). A test that stops or breaks a server starts its own."""
     with RemoteServer(tiny_model) as srv:
         yield srv

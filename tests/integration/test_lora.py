@@ -248,13 +248,13 @@ def test_bad_requests_name_the_field(server: RemoteServer) -> None:
     assert httpx.patch(server.url + "/adapters/a1").status_code == 405
 
 
-def test_lora_disabled_says_how_to_enable(tiny_model: Path) -> None:
-    with RemoteServer(tiny_model) as srv:
-        resp = httpx.post(srv.url + "/adapters", json={"name": "a", "src": "/x"})
-        assert resp.status_code == 400 and "option.enable_lora" in resp.json()["message"]
-        resp = httpx.post(srv.url + "/invocations", json={"inputs": "x", "adapters": "a"})
-        assert resp.status_code == 400 and "enable_lora" in resp.json()["message"]
-        assert resp.json()["param"] == "adapters"
+def test_lora_disabled_says_how_to_enable(tiny_server: RemoteServer) -> None:
+    """The plain tiny-model server (no option.enable_lora)."""
+    resp = httpx.post(tiny_server.url + "/adapters", json={"name": "a", "src": "/x"})
+    assert resp.status_code == 400 and "option.enable_lora" in resp.json()["message"]
+    resp = httpx.post(tiny_server.url + "/invocations", json={"inputs": "x", "adapters": "a"})
+    assert resp.status_code == 400 and "enable_lora" in resp.json()["message"]
+    assert resp.json()["param"] == "adapters"
 
 
 def test_adapter_folder_with_a_bad_adapter_fails_start(lora_model: Path, tmp_path: Path) -> None:
