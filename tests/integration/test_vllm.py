@@ -42,24 +42,19 @@ def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(vllm_env: dict[str, str]) -> dict[str, str]:
-    return vllm_env
-
-
-@pytest.fixture(scope="module")
 def served(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
 ) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
     """The server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
     root = tmp_path_factory.mktemp("vllm")
     # tool_choice "auto" read by vLLM's own pythonic tool parser (a name lmforge does not read itself)
     model = _vllm_model(tiny_model, root / "model", AUTO_TOOLS)
-    server = RemoteServer(model, env=env, wait_ready=False, startup_timeout=300).start()
+    server = RemoteServer(model, env=vllm_env, wait_ready=False, startup_timeout=300).start()
     requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
     requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
     (root / "requests.json").write_text(json.dumps(requests))
     script = Path(__file__).with_name("vllm_offline.py")
-    ref_env = {**os.environ, **env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    ref_env = {**os.environ, **vllm_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(script), str(model), str(root / "requests.json"), str(root / "reference.json")],
         env=ref_env,
@@ -259,11 +254,13 @@ def test_official_openai_client(served: tuple[RemoteServer, list[dict[str, Any]]
     )
 
 
-def test_invalid_vllm_option_fails_at_start(tiny_model: Path, tmp_path: Path, env: dict[str, str]) -> None:
+def test_invalid_vllm_option_fails_at_start(
+    tiny_model: Path, tmp_path: Path, vllm_env: dict[str, str]
+) -> None:
     model = _vllm_model(
         tiny_model, tmp_path / "m", "option.max_num_seqz=4\noption.enable_chunked_prefill=maybe\n"
     )
-    server = RemoteServer(model, env=env, wait_ready=False).start()
+    server = RemoteServer(model, env=vllm_env, wait_ready=False).start()
     try:
         assert server.proc is not None
         code = server.proc.wait(120)

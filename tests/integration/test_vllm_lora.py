@@ -52,11 +52,6 @@ option.max_cpu_loras=4
 
 
 @pytest.fixture(scope="module")
-def env(vllm_env: dict[str, str]) -> dict[str, str]:
-    return vllm_env
-
-
-@pytest.fixture(scope="module")
 def lora_model(
     tiny_model: Path, lora_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
@@ -86,16 +81,16 @@ def expected(peft: PeftReference) -> dict[tuple[str, str | None], list[int]]:
 
 @pytest.fixture(scope="module")
 def served(
-    lora_model: Path, env: dict[str, str], expected: dict[Any, list[int]]
+    lora_model: Path, vllm_env: dict[str, str], expected: dict[Any, list[int]]
 ) -> Iterator[tuple[RemoteServer, dict[str, Any]]]:
     """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix."""
-    srv = RemoteServer(lora_model, env=env, wait_ready=False, startup_timeout=300).start()
+    srv = RemoteServer(lora_model, env=vllm_env, wait_ready=False, startup_timeout=300).start()
     try:
         root = lora_model.parent
         (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
         raw_env = {
             **os.environ,
-            **env,
+            **vllm_env,
             "VLLM_PLUGINS": "",
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "OMP_NUM_THREADS": "1",
@@ -243,11 +238,11 @@ class InProcess:
 @pytest.fixture(scope="module")
 def in_process(
     lora_model: Path,
-    env: dict[str, str],
+    vllm_env: dict[str, str],
     server: RemoteServer,  # started first: the two engines do not compete for the 2 cores while starting
 ) -> Iterator[InProcess]:
     saved = dict(os.environ)
-    os.environ.update({**env, "OMP_NUM_THREADS": "1"})
+    os.environ.update({**vllm_env, "OMP_NUM_THREADS": "1"})
     try:
         engine = InProcess(lora_model)
         try:
