@@ -23,6 +23,7 @@ weights and adds nothing (that request was cancelled); it can never pick up anot
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -36,12 +37,13 @@ import torch.nn.functional as F
 
 from lmforge.engines.lmi_dist.cpu_linear import base_linear
 from lmforge.engines.lmi_dist.lora_mixed import (
+    STACKS_KEPT,
     Factors,
     StepLayout,
     add_mixed,
-    forget_stacks,
+    build_stacks,
+    flat_blocks,
     plan,
-    stacks,
     step_key,
 )
 from lmforge.errors import BadRequestError
@@ -53,6 +55,7 @@ log = logging.getLogger("lmforge.engines.lmi_dist")
 
 LORA_KWARG = "lmforge_lora"
 _WEIGHTS_ATTR = "_lmforge_lora"
+_SLOT_ATTR = "_lmforge_lora_slot"
 _PEFT_PREFIX = "base_model.model."
 #: adapter sets remembered by :meth:`LoraLayers._stack_id` (a forgotten one gets a new number)
 _STACK_IDS_KEPT = 64
@@ -73,10 +76,11 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
             out.view(-1, out.shape[-1]).addmm_(F.linear(x.reshape(-1, x.shape[-1]), a), bt)
         return out
     if step is not None:  # adapters mixed in the step (or with base rows)
-        stacked = stacks(self, table, step)
-        if stacked is None:
-            return out  # no adapter of the step touches this layer
-        add_mixed(x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]), step, stacked)
+        stacked, slot = runtime.stacked, getattr(self, _SLOT_ATTR)
+        # a layer first adapted after the step's stacks were built: no adapter of the step touches it
+        factors = stacked[slot] if slot < len(stacked) else None
+        if factors is not None:
+            add_mixed(x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]), step, factors)
     return out
 
 
@@ -94,17 +98,23 @@ class LoraLayers:
         """Set on the generation thread before each forward: the adapter of every row, when one is."""
         self.step: StepLayout | None = None
         """Set with ``single``: where each adapter's rows are, when a step mixes adapters (or base rows)."""
+        self.stacked: list[Factors | None] = []
+        """Set with ``step``: each adapted layer's stacked factors for the step's adapters (by the
+        layer's slot, its index in ``_patched``)."""
         self._installs: dict[int, int] = {}
         """Adapter id -> the count of installs when it was installed (its stacked factors' version)."""
         self._serial = itertools.count(1)
         """Numbers installs and adapter sets (never reused; ``next`` is atomic across threads)."""
         self._stack_ids: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], int] = OrderedDict()
+        self._stacks: OrderedDict[int, tuple[tuple[int, ...], list[Factors | None]]] = OrderedDict()
+        """Stack id -> (its adapters, the stacked factors of every adapted layer), the last few."""
         self._linears: dict[str, torch.nn.Linear] = {
             name: mod
             for name, mod in model.named_modules()
             if isinstance(mod, torch.nn.Linear) and not name.endswith("lm_head")
         }
-        self._patched: set[str] = set()
+        self._patched: list[str] = []
+        """The adapted layers, in the order they were first adapted (a layer's slot is its index)."""
         self._host: OrderedDict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.last_load_ms = 0.0
 
@@ -129,7 +139,25 @@ class LoraLayers:
             self.single = present.pop() if present else None
             return
         self.single = None
-        self.step = plan(ids, lengths, self._stack_id(step_key(ids)), self.device)
+        key = step_key(ids)
+        stack_id = self._stack_id(key)
+        self.stacked = self._stacked(stack_id, key)
+        self.step = plan(ids, lengths, stack_id, self.device)
+
+    def _stacked(self, stack_id: int, key: tuple[int, ...]) -> list[Factors | None]:
+        """The adapted layers' factors for ``key`` stacked, as installed now (see ``_stack_id``)."""
+        cached = self._stacks.get(stack_id)
+        if cached is not None:
+            with contextlib.suppress(KeyError):  # dropped meanwhile by an uninstall
+                self._stacks.move_to_end(stack_id)
+            return cached[1]
+        tables = [getattr(self._linears[name], _WEIGHTS_ATTR) for name in list(self._patched)]
+        stacked = build_stacks(tables, key)
+        self._stacks[stack_id] = (key, stacked)
+        while len(self._stacks) > STACKS_KEPT:
+            with contextlib.suppress(KeyError):
+                self._stacks.popitem(last=False)
+        return stacked
 
     def _stack_id(self, key: tuple[int, ...]) -> int:
         """A number for ``key`` as installed now (a new one once any of its adapters is reinstalled)."""
@@ -186,18 +214,22 @@ class LoraLayers:
         """Put the adapter's factors in its layers (its requests may run from now on)."""
         started = time.perf_counter()
         weights = self.host_weights(adapter)
+        # the adapter's factors on the device, all in one buffer (see flat_blocks)
+        shapes = [t.shape for pair in weights.values() for t in pair]
+        blocks = iter(flat_blocks(shapes, self.dtype, self.device))
         for module_name, (a, bt) in weights.items():
             linear = self._linears[module_name]
             if module_name not in self._patched:
                 setattr(linear, _WEIGHTS_ATTR, {})
+                setattr(linear, _SLOT_ATTR, len(self._patched))
                 linear._lmforge_runtime = self  # type: ignore[assignment]
                 linear.forward = types.MethodType(_lora_forward, linear)  # type: ignore[method-assign]
-                self._patched.add(module_name)
+                self._patched.append(module_name)
+            a_dev, bt_dev = next(blocks), next(blocks)
+            a_dev.copy_(a, non_blocking=True)
+            bt_dev.copy_(bt, non_blocking=True).mul_(adapter.scaling)
             table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
-            table[adapter.int_id] = (
-                a.to(self.device, non_blocking=True),
-                (bt * adapter.scaling).to(self.device, non_blocking=True),
-            )
+            table[adapter.int_id] = (a_dev, bt_dev)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._installs[adapter.int_id] = next(self._serial)  # only now may a step stack it
@@ -205,7 +237,8 @@ class LoraLayers:
 
     def uninstall(self, adapter_id: int) -> None:
         self._installs.pop(adapter_id, None)
-        for name in self._patched:
-            linear = self._linears[name]
-            getattr(linear, _WEIGHTS_ATTR).pop(adapter_id, None)
-            forget_stacks(linear)
+        for name in list(self._patched):
+            getattr(self._linears[name], _WEIGHTS_ATTR).pop(adapter_id, None)
+        for stack_id, (key, _) in list(self._stacks.items()):
+            if adapter_id in key:  # it would only hold memory (a step in flight keeps its own reference)
+                self._stacks.pop(stack_id, None)
