@@ -106,8 +106,10 @@ class LoraLayers:
         self._serial = itertools.count(1)
         """Numbers installs and adapter sets (never reused; ``next`` is atomic across threads)."""
         self._stack_ids: OrderedDict[tuple[tuple[int, ...], tuple[int, ...]], int] = OrderedDict()
-        self._stacks: OrderedDict[int, tuple[tuple[int, ...], list[Factors | None]]] = OrderedDict()
-        """Stack id -> (its adapters, the stacked factors of every adapted layer), the last few."""
+        self._stacks: OrderedDict[int, tuple[tuple[int, ...], list[Factors | None], torch.Tensor | None]]
+        self._stacks = OrderedDict()
+        """Stack id -> (its adapters, the stacked factors of every adapted layer, their buffer): the
+        last few sets."""
         self._linears: dict[str, torch.nn.Linear] = {
             name: mod
             for name, mod in model.named_modules()
@@ -152,11 +154,12 @@ class LoraLayers:
                 self._stacks.move_to_end(stack_id)
             return cached[1]
         tables = [getattr(self._linears[name], _WEIGHTS_ATTR) for name in list(self._patched)]
-        stacked = build_stacks(tables, key)
-        self._stacks[stack_id] = (key, stacked)
-        while len(self._stacks) > STACKS_KEPT:
+        spare = None
+        if len(self._stacks) >= STACKS_KEPT:  # the oldest set goes; the new one is built in its buffer
             with contextlib.suppress(KeyError):
-                self._stacks.popitem(last=False)
+                spare = self._stacks.popitem(last=False)[1][2]
+        stacked, flat = build_stacks(tables, key, spare)
+        self._stacks[stack_id] = (key, stacked, flat)
         return stacked
 
     def _stack_id(self, key: tuple[int, ...]) -> int:
@@ -182,16 +185,23 @@ class LoraLayers:
             )
 
     def _read(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Module -> (A ``[r, in]``, B^T ``[r, out]``): B is transposed once here, not at each install."""
+        """Module -> (A ``[r, in]``, ``(scaling * B)^T`` ``[r, out]``), all in one host buffer
+        (:func:`flat_blocks`): B is scaled and transposed once here, not at each install."""
         from safetensors.torch import load_file
 
         raw = load_file(str(Path(adapter.path) / "adapter_model.safetensors"), device="cpu")
-        factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for module in adapter.modules:
             key = _PEFT_PREFIX + module if _PEFT_PREFIX + module + ".lora_A.weight" in raw else module
-            a = raw[f"{key}.lora_A.weight"].to(self.dtype)
-            bt = raw[f"{key}.lora_B.weight"].to(self.dtype).t().contiguous()
-            factors[module] = (a, bt)
+            pairs[module] = (raw[f"{key}.lora_A.weight"], raw[f"{key}.lora_B.weight"])
+        shapes = [s for a, b in pairs.values() for s in (a.shape, (b.shape[1], b.shape[0]))]
+        blocks = iter(flat_blocks(shapes, self.dtype, torch.device("cpu"))[0])
+        factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for module, (a, b) in pairs.items():
+            a_host, bt_host = next(blocks), next(blocks)
+            a_host.copy_(a)
+            bt_host.copy_(b.t()).mul_(adapter.scaling)
+            factors[module] = (a_host, bt_host)
         return factors
 
     def host_weights(self, adapter: AdapterRef) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -214,10 +224,15 @@ class LoraLayers:
         """Put the adapter's factors in its layers (its requests may run from now on)."""
         started = time.perf_counter()
         weights = self.host_weights(adapter)
-        # the adapter's factors on the device, all in one buffer (see flat_blocks)
-        shapes = [t.shape for pair in weights.values() for t in pair]
-        blocks = iter(flat_blocks(shapes, self.dtype, self.device))
-        for module_name, (a, bt) in weights.items():
+        on_device = weights
+        if self.device.type != "cpu":  # one buffer on the device too (the host copy serves the CPU)
+            shapes = [t.shape for pair in weights.values() for t in pair]
+            blocks = iter(flat_blocks(shapes, self.dtype, self.device)[0])
+            on_device = {
+                name: (next(blocks).copy_(a, non_blocking=True), next(blocks).copy_(bt, non_blocking=True))
+                for name, (a, bt) in weights.items()
+            }
+        for module_name, factors in on_device.items():
             linear = self._linears[module_name]
             if module_name not in self._patched:
                 setattr(linear, _WEIGHTS_ATTR, {})
@@ -225,11 +240,8 @@ class LoraLayers:
                 linear._lmforge_runtime = self  # type: ignore[assignment]
                 linear.forward = types.MethodType(_lora_forward, linear)  # type: ignore[method-assign]
                 self._patched.append(module_name)
-            a_dev, bt_dev = next(blocks), next(blocks)
-            a_dev.copy_(a, non_blocking=True)
-            bt_dev.copy_(bt, non_blocking=True).mul_(adapter.scaling)
             table: dict[int, Factors] = getattr(linear, _WEIGHTS_ATTR)
-            table[adapter.int_id] = (a_dev, bt_dev)
+            table[adapter.int_id] = factors
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._installs[adapter.int_id] = next(self._serial)  # only now may a step stack it
@@ -239,6 +251,6 @@ class LoraLayers:
         self._installs.pop(adapter_id, None)
         for name in list(self._patched):
             getattr(self._linears[name], _WEIGHTS_ATTR).pop(adapter_id, None)
-        for stack_id, (key, _) in list(self._stacks.items()):
+        for stack_id, (key, _, _) in list(self._stacks.items()):
             if adapter_id in key:  # it would only hold memory (a step in flight keeps its own reference)
                 self._stacks.pop(stack_id, None)

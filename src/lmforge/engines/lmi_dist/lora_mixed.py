@@ -113,9 +113,13 @@ _BLOCK_ALIGN_BYTES = 64
 
 
 def flat_blocks(
-    shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device
-) -> list[torch.Tensor]:
-    """Uninitialised tensors of ``shapes``, all views of one buffer (each aligned to 64 bytes).
+    shapes: list[tuple[int, ...]],
+    dtype: torch.dtype,
+    device: torch.device,
+    reuse: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Uninitialised tensors of ``shapes``, all views of one buffer (each aligned to 64 bytes), and
+    that buffer: ``reuse`` when it is large enough (of the same dtype and device), else a new one.
 
     LoRA factors are many small matrices read once per step, at memory speed: in one buffer, a set
     of them is at least 2 MiB for any real model, so the CPU allocator can back it with transparent
@@ -129,22 +133,27 @@ def flat_blocks(
         for dim in shape:
             size *= dim
         total += -(-size // align) * align
-    flat = torch.empty(max(total, 1), dtype=dtype, device=device)
+    fits = reuse is not None and reuse.numel() >= total and reuse.dtype == dtype and reuse.device == device
+    flat = reuse if fits and reuse is not None else torch.empty(max(total, 1), dtype=dtype, device=device)
     out = []
     for start, shape in zip(starts, shapes, strict=True):
         size = 1
         for dim in shape:
             size *= dim
         out.append(flat[start : start + size].view(shape))
-    return out
+    return out, flat
 
 
-def build_stacks(tables: list[dict[int, Factors]], key: tuple[int, ...]) -> list[Factors | None]:
+def build_stacks(
+    tables: list[dict[int, Factors]], key: tuple[int, ...], reuse: torch.Tensor | None = None
+) -> tuple[list[Factors | None], torch.Tensor | None]:
     """Every adapted layer's factors for the adapters of ``key``: per layer (``tables[i]`` is its
     adapter id -> factors), A^T ``[k, in, r]`` and ``(s B)^T`` ``[k, r, out]`` with zeros for an
     adapter that leaves the layer alone, or None when none of them touches it. Ranks are padded with
     zeros to the largest of the layer, a multiple of 16 bytes (grouped_mm wants aligned strides).
-    All in one buffer (:func:`flat_blocks`), built when a step's set of adapters changes.
+    All in one buffer (:func:`flat_blocks`; ``reuse``, a set's buffer no step uses any more, when it is
+    large enough: a fresh one would be page-faulted in again), built when a step's set of adapters
+    changes, which is returned too (None when no layer is touched).
 
     Runs on the generation thread while installs and uninstalls change the tables on another: each
     table is read with single (atomic) dict operations, and an adapter found missing counts as one
@@ -165,8 +174,9 @@ def build_stacks(tables: list[dict[int, Factors]], key: tuple[int, ...]) -> list
         plans.append((found, rank))
         shapes += [(len(key), a0.shape[1], rank), (len(key), rank, bt0.shape[1])]
     if like is None:
-        return [None] * len(tables)
-    blocks = iter(flat_blocks(shapes, like.dtype, like.device))
+        return [None] * len(tables), None
+    views, flat = flat_blocks(shapes, like.dtype, like.device, reuse)
+    blocks = iter(views)
     stacked: list[Factors | None] = []
     for entry in plans:
         if entry is None:
@@ -187,7 +197,7 @@ def build_stacks(tables: list[dict[int, Factors]], key: tuple[int, ...]) -> list
                 at3[j, :, r:].zero_()
                 bt3[j, r:].zero_()
         stacked.append((at3, bt3))
-    return stacked
+    return stacked, flat
 
 
 def add_mixed(flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, factors: Factors) -> None:
