@@ -187,6 +187,15 @@ def test_a_killed_core_process_ends_in_flight_requests(
         loop.run_until_complete(engine.shutdown())
 
 
+def test_the_core_runs_with_huge_pages_for_large_blocks(engine: LmiDistEngine) -> None:
+    """The engine core's environment asks PyTorch for transparent huge pages (2 MiB+ blocks), unless
+    the server's own environment says otherwise."""
+    assert engine._core is not None and engine._core.proc is not None
+    environ = Path(f"/proc/{engine._core.proc.pid}/environ").read_bytes().split(b"\0")
+    want = os.environ.get("THP_MEM_ALLOC_ENABLE", "1")
+    assert f"THP_MEM_ALLOC_ENABLE={want}".encode() in environ
+
+
 def test_repetition_penalty_changes_greedy_output(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
