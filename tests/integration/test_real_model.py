@@ -12,14 +12,17 @@ a wrong position, a mask or a missing temperature/penalty step would move them b
 Paths: vLLM through ``lmforge serve`` over HTTP (``/invocations`` and ``/v1/chat/completions``,
 streamed and not), with lmforge sizing vLLM's CPU KV cache itself (no ``kv_cache_memory_mb``);
 LMI-Dist through the local SageMaker (``lmforge deploy``, then boto3 ``invoke_endpoint`` and
-``invoke_endpoint_with_response_stream``).
+``invoke_endpoint_with_response_stream``). Each engine gets all of its requests at once, so they
+share its continuous batch (prompts of different lengths decoding side by side, which must not change
+a row's tokens) and the 540 MB of weights are read once per step for all of them, not once per request.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,29 @@ def _chat_from_reply(reply: dict[str, Any]) -> tuple[str, list[float]]:
     return choice["message"]["content"], [c["logprob"] for c in choice["logprobs"]["content"]]
 
 
+def _check_all(
+    engine: str,
+    invoke: Callable[[dict[str, Any]], dict[str, Any]],
+    stream: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    chat: Callable[[bool], tuple[str, list[float]]],
+    expected: Expected,
+) -> None:
+    """Every completion prompt whole and streamed, and the chat whole and streamed, all sent at once
+    (one continuous batch); each answer checked against transformers'."""
+    with ThreadPoolExecutor(2 * len(COMPLETIONS) + 2) as pool:
+        whole = {p: pool.submit(invoke, _lmi_body(p, False)) for p in COMPLETIONS}
+        streamed = {p: pool.submit(stream, _lmi_body(p, True)) for p in COMPLETIONS}
+        chats = {s: pool.submit(chat, s) for s in (False, True)}
+    for prompt in COMPLETIONS:
+        reply = whole[prompt].result()
+        _check_tokens(reply["details"]["tokens"], expected[prompt], f"{engine} {prompt!r}")
+        assert reply["generated_text"] == expected[prompt][2]
+        lines = streamed[prompt].result()
+        _check_tokens([line["token"] for line in lines], expected[prompt], f"{engine} {prompt!r} streamed")
+    _check_chat(*chats[False].result(), expected["chat"], f"{engine} chat")
+    _check_chat(*chats[True].result(), expected["chat"], f"{engine} chat streamed")
+
+
 # --------------------------------------------------------------------------- vLLM over HTTP
 
 
@@ -111,7 +137,7 @@ def vllm_server(
     shutil.copytree(smollm2_model, model)
     (model / "serving.properties").write_text(
         "option.rolling_batch=vllm\noption.dtype=fp32\noption.enforce_eager=true\n"
-        "option.max_model_len=1024\noption.max_rolling_batch_size=4\n"
+        "option.max_model_len=1024\noption.max_rolling_batch_size=8\n"
     )
     server = RemoteServer(model, env=vllm_env, startup_timeout=400).start()
     try:
@@ -125,17 +151,21 @@ def test_vllm_over_http_agrees_with_transformers(vllm_server: RemoteServer, expe
     logs = vllm_server.log_path.read_text(errors="replace")
     assert "vLLM on CPU: KV cache" in logs, "lmforge did not size vLLM's CPU KV cache itself"
     url = vllm_server.url
-    for prompt in COMPLETIONS:
-        whole = httpx.post(f"{url}/invocations", json=_lmi_body(prompt, False), timeout=120).json()
-        _check_tokens(whole["details"]["tokens"], expected[prompt], f"vllm {prompt!r}")
-        assert whole["generated_text"] == expected[prompt][2]
-        lines = _lines(httpx.post(f"{url}/invocations", json=_lmi_body(prompt, True), timeout=120))
-        _check_tokens([line["token"] for line in lines], expected[prompt], f"vllm {prompt!r} streamed")
-    reply = httpx.post(f"{url}/v1/chat/completions", json=_chat_body(False), timeout=120).json()
-    _check_chat(*_chat_from_reply(reply), expected["chat"], "vllm chat")
-    sse = httpx.post(f"{url}/v1/chat/completions", json=_chat_body(True), timeout=120).text
-    chunks = [json.loads(e[6:]) for e in sse.split("\n\n") if e.startswith("data: {")]
-    _check_chat(*_chat_from_chunks(chunks), expected["chat"], "vllm chat streamed")
+
+    def invoke(body: dict[str, Any]) -> dict[str, Any]:
+        return dict(httpx.post(f"{url}/invocations", json=body, timeout=120).json())
+
+    def stream(body: dict[str, Any]) -> list[dict[str, Any]]:
+        return _lines(httpx.post(f"{url}/invocations", json=body, timeout=120))
+
+    def chat(stream: bool) -> tuple[str, list[float]]:
+        resp = httpx.post(f"{url}/v1/chat/completions", json=_chat_body(stream), timeout=120)
+        if not stream:
+            return _chat_from_reply(resp.json())
+        events = resp.text.split("\n\n")
+        return _chat_from_chunks([json.loads(e[6:]) for e in events if e.startswith("data: {")])
+
+    _check_all("vllm", invoke, stream, chat, expected)
 
 
 def _lines(resp: httpx.Response) -> list[dict[str, Any]]:
@@ -182,14 +212,12 @@ def test_lmi_dist_through_the_local_sagemaker_agrees_with_transformers(
         )
         return list(iter_stream_objects(resp["Body"]))
 
-    for prompt in COMPLETIONS:
-        whole = invoke(_lmi_body(prompt, False))
-        _check_tokens(whole["details"]["tokens"], expected[prompt], f"lmi-dist {prompt!r}")
-        assert whole["generated_text"] == expected[prompt][2]
-        lines = stream(_lmi_body(prompt, True))
-        _check_tokens([line["token"] for line in lines], expected[prompt], f"lmi-dist {prompt!r} streamed")
-    _check_chat(*_chat_from_reply(invoke(_chat_body(False))), expected["chat"], "lmi-dist chat")
-    _check_chat(*_chat_from_chunks(stream(_chat_body(True))), expected["chat"], "lmi-dist chat streamed")
+    def chat(streamed: bool) -> tuple[str, list[float]]:
+        if streamed:
+            return _chat_from_chunks(stream(_chat_body(True)))
+        return _chat_from_reply(invoke(_chat_body(False)))
+
+    _check_all("lmi-dist", invoke, stream, chat, expected)
 
 
 # --------------------------------------------------------------------------- structured output, both engines
@@ -246,14 +274,22 @@ def test_structured_output_is_the_same_on_both_engines(
     """The same grammar (xgrammar on both) over the same weights: greedy replies are identical, follow
     the schema, and read as an answer (LMI-Dist through the local SageMaker and boto3, vLLM over HTTP)."""
     smr = clients["sagemaker-runtime"]
-    person, call = _structured_bodies()
-    replies = []
-    for body in (person, call):
-        via_vllm = httpx.post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json()
+
+    def vllm(body: dict[str, Any]) -> dict[str, Any]:
+        return dict(httpx.post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json())
+
+    def lmi(body: dict[str, Any]) -> dict[str, Any]:
         resp = smr.invoke_endpoint(
             EndpointName=lmi_dist_endpoint, Body=json.dumps(body), ContentType="application/json"
         )
-        via_lmi = json.loads(resp["Body"].read())
+        return dict(json.loads(resp["Body"].read()))
+
+    bodies = _structured_bodies()
+    with ThreadPoolExecutor(2 * len(bodies)) as pool:  # both bodies in one batch on each engine
+        pairs = [(pool.submit(vllm, body), pool.submit(lmi, body)) for body in bodies]
+    replies = []
+    for via_vllm_f, via_lmi_f in pairs:
+        via_vllm, via_lmi = via_vllm_f.result(), via_lmi_f.result()
         assert _without_ids(via_vllm) == _without_ids(via_lmi), (via_vllm, via_lmi)
         replies.append(via_lmi["choices"][0])
     described = json.loads(replies[0]["message"]["content"])
