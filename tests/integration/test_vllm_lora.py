@@ -2,7 +2,8 @@
 requests batched with adapter requests stay the base model, adapters come and go at run time.
 
 * A real ``lmforge serve`` (vLLM in its default multiprocess mode: the model runs in vLLM's worker
-  process) serves two adapters from the model folder's ``adapters/`` and one registered over HTTP.
+  process; the server test_vllm.py uses too, ``vllm_shared`` in conftest.py) serves two adapters from
+  the model folder's ``adapters/`` and one registered over HTTP.
 * :class:`VllmEngine` driven directly from this process (vLLM's ``AsyncLLM`` runs its engine core in a
   child process, as under ``lmforge serve``): the register/remove round trip.
 * vLLM alone, without lmforge's plugin (``vllm_lora_raw.py``, run while the server starts), to show the
@@ -16,7 +17,6 @@ import asyncio
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,6 +29,7 @@ import pytest
 
 from lmforge.testing.lora import PeftReference
 from lmforge.testing.server import RemoteServer, metrics
+from tests.shared_vllm import SharedVllm
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
@@ -36,36 +37,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
 NEW = 12
 RAW_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # base, a1, base
-PROPERTIES = """\
-option.rolling_batch=vllm
-option.dtype=fp32
-option.max_model_len=512
-option.max_rolling_batch_size=32
-option.enforce_eager=true
-option.kv_cache_memory_mb=128
-option.enable_prefix_caching=false
-option.enable_lora=true
-option.max_loras=2
-option.max_lora_rank=16
-option.max_cpu_loras=4
-"""
 
 
 @pytest.fixture(scope="module")
-def lora_model(
-    tiny_model: Path, lora_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    """The tiny model with a1 and a2 in adapters/, and an allowed root holding a3 (and a copy of a1)."""
-    root = tmp_path_factory.mktemp("vllm-lora")
-    model = root / "model"
-    shutil.copytree(tiny_model, model)
-    for name in ("a1", "a2"):
-        shutil.copytree(lora_adapters[name], model / "adapters" / name)
-    extra = root / "extra"
-    for name in ("a1", "a3"):
-        shutil.copytree(lora_adapters[name], extra / name)
-    (model / "serving.properties").write_text(PROPERTIES + f"option.adapter_roots={extra}\n")
-    return model
+def lora_model(vllm_shared: SharedVllm) -> Path:
+    """The tiny model with a1 and a2 in adapters/, and an allowed root (``../extra``) holding a3 and a
+    copy of a1."""
+    return vllm_shared.model
 
 
 @pytest.fixture(scope="module")
@@ -81,41 +59,39 @@ def expected(peft: PeftReference) -> dict[tuple[str, str | None], list[int]]:
 
 @pytest.fixture(scope="module")
 def served(
-    lora_model: Path, vllm_env: dict[str, str], expected: dict[Any, list[int]]
-) -> Iterator[tuple[RemoteServer, dict[str, Any]]]:
+    vllm_shared: SharedVllm,
+    vllm_env: dict[str, str],
+    expected: dict[Any, list[int]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[RemoteServer, dict[str, Any]]:
     """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix."""
-    srv = RemoteServer(lora_model, env=vllm_env, wait_ready=False, startup_timeout=300).start()
-    try:
-        root = lora_model.parent
-        (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
-        raw_env = {
-            **os.environ,
-            **vllm_env,
-            "VLLM_PLUGINS": "",
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        script = Path(__file__).with_name("vllm_lora_raw.py")
-        adapter = lora_model / "adapters" / "a1"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(script),
-                str(lora_model),
-                str(adapter),
-                str(root / "raw.json"),
-                str(root / "out.json"),
-            ],
-            env=raw_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        srv.wait_for_ping(200, 300)
-        yield srv, json.loads((root / "out.json").read_text())
-    finally:
-        srv.stop()
+    root = tmp_path_factory.mktemp("vllm-lora-raw")
+    (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
+    raw_env = {
+        **os.environ,
+        **vllm_env,
+        "VLLM_PLUGINS": "",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    script = Path(__file__).with_name("vllm_lora_raw.py")
+    adapter = vllm_shared.model / "adapters" / "a1"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(vllm_shared.model),
+            str(adapter),
+            str(root / "raw.json"),
+            str(root / "out.json"),
+        ],
+        env=raw_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return vllm_shared.ready(), json.loads((root / "out.json").read_text())
 
 
 @pytest.fixture(scope="module")

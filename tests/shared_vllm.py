@@ -1,0 +1,39 @@
+"""The vLLM server that test_vllm.py and test_vllm_lora.py share (the fixtures are in
+tests/integration/conftest.py)."""
+
+from __future__ import annotations
+
+from lmforge.testing.server import RemoteServer
+
+#: The shared vLLM server's settings past VLLM_PROPERTIES: tool_choice "auto" read by vLLM's own
+#: pythonic tool parser (a name lmforge does not read itself), and LoRA with two slots for three
+#: adapters (a1 and a2 from the folder's adapters/, a3 from an allowed root).
+VLLM_SHARED_PROPERTIES = """\
+option.enable_auto_tool_choice=true
+option.tool_call_parser=pythonic
+option.kv_cache_memory_mb=128
+option.enable_lora=true
+option.max_loras=2
+option.max_lora_rank=16
+option.max_cpu_loras=4
+"""
+
+
+class SharedVllm:
+    """One ``lmforge serve`` on vLLM for the vLLM modules (a vLLM start is ~20 CPU-seconds of three
+    processes). Started without waiting, so that a module computes its reference (vLLM offline, in a
+    process of its own) while it starts; a test that breaks it (``breaks_vllm``) gets it marked, and
+    the next test that uses it gets it started again first."""
+
+    def __init__(self, server: RemoteServer) -> None:
+        self.server = server
+        self.model = server.model_dir
+        self.broken = False
+
+    def ready(self) -> RemoteServer:
+        if self.broken:
+            self.server.stop()
+            self.server.start()
+            self.broken = False
+        self.server.wait_for_ping(200, 400)
+        return self.server
