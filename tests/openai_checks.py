@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from lmforge.models.example import EOS, SPECIAL_TOKENS
-from lmforge.testing.server import VLLM_ENV
+from lmforge.testing.server import VLLM_ENV, http_client
 
 PROMPT = "def fibonacci(n):"
 
@@ -147,7 +146,7 @@ def check_openai_client(
     # stop_token_ids end the reply as EOS does, without their text (the ids from LMI's details)
     base = str(client.base_url).rstrip("/").removesuffix("/v1")
     lmi = {"inputs": PROMPT, "parameters": {"max_new_tokens": 6, "details": True, "do_sample": False}}
-    tokens = httpx.post(f"{base}/invocations", json=lmi, timeout=60).json()["details"]["tokens"]
+    tokens = http_client().post(f"{base}/invocations", json=lmi, timeout=60).json()["details"]["tokens"]
     ids = [t["id"] for t in tokens]
     at = ids.index(ids[2])
     cut = client.completions.create(

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lmforge.testing.server import TEST_ENV, free_port
+from lmforge.testing.server import TEST_ENV, free_port, http_client
 from tests.image.early_build import EarlyBuild
 
 REQUIRE = os.environ.get("LMFORGE_REQUIRE_IMAGE_TESTS") == "1"
@@ -131,7 +131,7 @@ class ImageRun:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                status = httpx.get(self.url + "/ping", timeout=2).status_code
+                status = http_client().get(self.url + "/ping", timeout=2).status_code
             except httpx.HTTPError:
                 status = 0
             if not seen or seen[-1] != status:

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lmforge.testing.server import http_client
 from tests.image.conftest import BuiltImage, ImageRun
 
 pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
@@ -80,7 +81,7 @@ def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: 
         assert cpu_image.engine.kind != "podman" or cpu_image.engine.healthcheck(run.name)
 
         body = {"inputs": "def ", "parameters": {"max_new_tokens": 8, "details": True}, "stream": True}
-        with httpx.stream("POST", run.url + "/invocations", json=body, timeout=60) as resp:
+        with http_client().stream("POST", run.url + "/invocations", json=body, timeout=60) as resp:
             assert resp.status_code == 200
             assert resp.headers["content-type"].startswith("application/jsonlines")
             lines = [json.loads(line) for line in resp.iter_lines() if line]
@@ -94,7 +95,7 @@ def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: 
             "max_tokens": 24,
             "response_format": {"type": "json_schema", "json_schema": {"name": "ok", "schema": schema}},
         }
-        reply = httpx.post(run.url + "/invocations", json=chat, timeout=60).json()
+        reply = http_client().post(run.url + "/invocations", json=chat, timeout=60).json()
         assert isinstance(json.loads(reply["choices"][0]["message"]["content"])["ok"], bool), reply
         assert run.exec(["/opt/lmforge/bin/python", "-c", "import triton"]).returncode != 0
         # bidirectional streaming: the image's server speaks WebSocket (the label says it does)
@@ -121,7 +122,7 @@ def test_sigterm_drains_and_exits_zero_within_30_s(cpu_image: BuiltImage, tiny_m
             }
             with (
                 contextlib.suppress(httpx.HTTPError),
-                httpx.stream("POST", run.url + "/invocations", json=body, timeout=60) as resp,
+                http_client().stream("POST", run.url + "/invocations", json=body, timeout=60) as resp,
             ):
                 streamed.extend(json.loads(line) for line in resp.iter_lines() if line)
 
@@ -168,7 +169,7 @@ def test_option_model_id_from_the_local_s3(cpu_image: BuiltImage, tiny_model: Pa
         env = {"AWS_ENDPOINT_URL": s3_url, "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}
         with ImageRun(cpu_image, model, env=env, host_network=True) as run:
             run.wait_for_ping(timeout=180)
-            out = httpx.post(
+            out = http_client().post(
                 run.url + "/invocations",
                 json={"inputs": "def ", "parameters": {"max_new_tokens": 4}},
                 timeout=60,

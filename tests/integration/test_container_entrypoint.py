@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lmforge.testing.server import TEST_ENV, free_port
+from lmforge.testing.server import TEST_ENV, free_port, http_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -57,7 +57,7 @@ class Container:
             if self.proc.poll() is not None:
                 raise AssertionError(f"exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                if httpx.get(self.url + "/ping", timeout=2).status_code == 200:
+                if http_client().get(self.url + "/ping", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -65,7 +65,7 @@ class Container:
         raise AssertionError(f"never healthy:\n{self.log.read_text()[-3000:]}")
 
     def generate(self) -> dict[str, Any]:
-        resp = httpx.post(
+        resp = http_client().post(
             self.url + "/invocations",
             json={"inputs": "def ", "parameters": {"max_new_tokens": 4, "details": True}},
             timeout=60,

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmforge.testing.server import TEST_ENV, RemoteServer
+from lmforge.testing.server import TEST_ENV, RemoteServer, http_client
 from tests.conftest import Reference
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ def test_ping_is_not_200_before_the_model_is_loaded(tiny_model: Path) -> None:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
-                status = httpx.get(srv.url + "/ping", timeout=2).status_code
+                status = http_client().get(srv.url + "/ping", timeout=2).status_code
             except httpx.HTTPError:
                 time.sleep(0.02)
                 continue
@@ -36,7 +36,7 @@ def test_ping_is_not_200_before_the_model_is_loaded(tiny_model: Path) -> None:
                 break
             assert status == 503
             # While loading, invocations are refused with 503 too (unless loading just finished).
-            resp = httpx.post(srv.url + "/invocations", json={"inputs": "x"}, timeout=30)
+            resp = http_client().post(srv.url + "/invocations", json={"inputs": "x"}, timeout=30)
             if resp.status_code != 200:
                 assert resp.status_code == 503
                 assert resp.json()["type"] == "not_ready"
@@ -96,7 +96,7 @@ def test_queue_full_gets_503_with_retry_after(tiny_model: Path, tmp_path: Path) 
         body = {"inputs": "def ", "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}}
 
         def one(_: int) -> httpx.Response:
-            return httpx.post(srv.url + "/invocations", json=body, timeout=120)
+            return http_client().post(srv.url + "/invocations", json=body, timeout=120)
 
         with ThreadPoolExecutor(6) as pool:
             responses = list(pool.map(one, range(6)))
@@ -124,21 +124,29 @@ def test_eos_finish_reason(tiny_model: Path, reference: Reference, tmp_path: Pat
     gen["eos_token_id"] = [base, stop_id] if isinstance(base, int) else [*base, stop_id]
     (model / "generation_config.json").write_text(json.dumps(gen))
     with RemoteServer(model) as srv:
-        out = httpx.post(
-            srv.url + "/invocations",
-            json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True}},
-            timeout=60,
-        ).json()
+        out = (
+            http_client()
+            .post(
+                srv.url + "/invocations",
+                json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True}},
+                timeout=60,
+            )
+            .json()
+        )
         assert out["details"]["finish_reason"] == "eos_token"
         assert [t["id"] for t in out["details"]["tokens"]] == ids[: first + 1]
-        ignored = httpx.post(
-            srv.url + "/invocations",
-            json={
-                "inputs": "def ",
-                "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos_token": True},
-            },
-            timeout=60,
-        ).json()
+        ignored = (
+            http_client()
+            .post(
+                srv.url + "/invocations",
+                json={
+                    "inputs": "def ",
+                    "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos_token": True},
+                },
+                timeout=60,
+            )
+            .json()
+        )
         assert ignored["details"]["finish_reason"] == "length"
         assert ignored["details"]["generated_tokens"] == 12
 
@@ -168,10 +176,10 @@ def test_custom_model_py_written_for_lmi(tmp_path: Path) -> None:
     (d / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size=7\n")
     (d / "model.py").write_text(MODEL_PY)
     with RemoteServer(d) as srv:
-        resp = httpx.post(srv.url + "/invocations", json={"inputs": "abc"})
+        resp = http_client().post(srv.url + "/invocations", json={"inputs": "abc"})
         assert resp.status_code == 200
         assert resp.json() == {"echo": "cba", "max_size": "7"}
-        resp = httpx.post(srv.url + "/invocations", json={"inputs": "abc", "fail": "no"})
+        resp = http_client().post(srv.url + "/invocations", json={"inputs": "abc", "fail": "no"})
         assert resp.status_code == 424
         assert "the model refused: no" in resp.json()["message"]
         assert "Traceback" not in resp.text
@@ -185,11 +193,15 @@ def test_tensor_parallel_2_matches_one_process_and_a_dead_rank_turns_ping_unheal
     with RemoteServer(model) as srv:
         for prompt in ("def ", "import os\n"):
             ids, _ = reference.greedy(prompt, 20)
-            out = httpx.post(
-                srv.url + "/invocations",
-                json={"inputs": prompt, "parameters": {"max_new_tokens": 20, "details": True}},
-                timeout=60,
-            ).json()
+            out = (
+                http_client()
+                .post(
+                    srv.url + "/invocations",
+                    json={"inputs": prompt, "parameters": {"max_new_tokens": 20, "details": True}},
+                    timeout=60,
+                )
+                .json()
+            )
             assert [t["id"] for t in out["details"]["tokens"]] == ids
         params = {
             "max_new_tokens": 12,
@@ -199,14 +211,14 @@ def test_tensor_parallel_2_matches_one_process_and_a_dead_rank_turns_ping_unheal
             "seed": 3,
         }
         texts = {
-            httpx.post(
-                srv.url + "/invocations", json={"inputs": "def ", "parameters": params}, timeout=60
-            ).json()["generated_text"]
+            http_client()
+            .post(srv.url + "/invocations", json={"inputs": "def ", "parameters": params}, timeout=60)
+            .json()["generated_text"]
             for _ in range(2)
         }
         assert len(texts) == 1  # both ranks drew the same tokens, twice
         srv.descendant("lmforge.engines.lmi_dist.follower").kill()
         srv.wait_for_ping(503, 30)
-        resp = httpx.post(srv.url + "/invocations", json={"inputs": "def "}, timeout=30)
+        resp = http_client().post(srv.url + "/invocations", json={"inputs": "def "}, timeout=30)
         assert resp.status_code == 503
         assert "engine is dead" in resp.json()["message"]

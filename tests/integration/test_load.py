@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from lmforge.handlers.openai_api import ChatMessage, ChatRequest, StreamOptions
 from lmforge.handlers.requests import LmiParameters, LmiRequest
-from lmforge.testing.server import RemoteServer, metrics
+from lmforge.testing.server import RemoteServer, http_client, metrics
 from tests.integration.test_lifecycle import with_properties
 
 pytestmark = [pytest.mark.load, pytest.mark.integration]
@@ -87,7 +87,7 @@ def idle(url: str) -> bool:
 
 
 def greedy(url: str, prompt: str, n: int = 12) -> dict[str, Any]:
-    resp = httpx.post(
+    resp = http_client().post(
         url + "/invocations",
         json={"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True}},
         timeout=60,
@@ -281,7 +281,7 @@ def test_clients_disconnecting_at_random_points_leave_no_engine_work(load_server
     assert aborted >= points.count("mid_stream"), (aborted, points)
     assert generated < 96 * 200 / 2, generated  # abandoned requests stopped generating
     # ... and the server still serves, the same answers as before
-    assert httpx.get(url + "/ping", timeout=5).status_code == 200
+    assert http_client().get(url + "/ping", timeout=5).status_code == 200
     assert_same_answer(greedy(url, probe), expected)
     counts = {p: points.count(p) for p in sorted(set(points))}
     print(
@@ -303,7 +303,7 @@ class StreamResult:
 
 def run_stream(url: str, body: dict[str, Any], result: StreamResult, timeout: float) -> None:
     try:
-        with httpx.stream("POST", url + "/invocations", json=body, timeout=timeout) as resp:
+        with http_client().stream("POST", url + "/invocations", json=body, timeout=timeout) as resp:
             result.status = resp.status_code
             if resp.status_code != 200:
                 raw = resp.read()
@@ -379,7 +379,7 @@ def test_sigterm_under_load_finishes_or_ends_every_stream_and_exits_zero(
         probes: list[str] = []
         while time.monotonic() - sent < 2:
             try:
-                resp = httpx.post(srv.url + "/invocations", json={"inputs": "x"}, timeout=5)
+                resp = http_client().post(srv.url + "/invocations", json={"inputs": "x"}, timeout=5)
             except httpx.ConnectError:
                 probes.append("refused")
             except (httpx.ReadError, httpx.RemoteProtocolError):
@@ -459,12 +459,12 @@ def test_killed_engine_process_ends_in_flight_requests_ping_turns_503_and_the_se
         killed = time.monotonic()
         srv.wait_for_ping(503, 10)
         unhealthy_s = time.monotonic() - killed
-        ping = httpx.get(srv.url + "/ping", timeout=5).json()
+        ping = http_client().get(srv.url + "/ping", timeout=5).json()
         for t in threads:
             t.join(max(0.1, 30 - (time.monotonic() - killed)))
         assert not any(t.is_alive() for t in threads), "a request hung after the engine died"
         ended_s = max(r.ended_at or 0 for r in results) - killed
-        resp = httpx.post(srv.url + "/invocations", json={"inputs": "def "}, timeout=10)
+        resp = http_client().post(srv.url + "/invocations", json={"inputs": "def "}, timeout=10)
         assert resp.status_code == 503 and resp.json()["type"] == "engine_dead", resp.text
         code = srv.proc.wait(30)  # on its own: no signal sent
         stop_s = time.monotonic() - killed
@@ -1013,7 +1013,7 @@ def test_10000_malformed_bodies_over_one_connection_get_clear_4xx(load_server: R
     )
     assert sent >= 10_000
     assert len(connects) == 1, "the server closed the keep-alive connection"
-    assert httpx.get(url + "/ping", timeout=5).status_code == 200
+    assert http_client().get(url + "/ping", timeout=5).status_code == 200
     assert_same_answer(greedy(url, "class Node:\n    "), expected)
     wait_until(lambda: idle(url), 5)
 
@@ -1046,7 +1046,7 @@ def test_10000_malformed_bodies_over_one_connection_get_clear_4xx(load_server: R
 def test_malformed_bodies_the_generator_found(
     load_server: RemoteServer, content: bytes, param: str, words: str
 ) -> None:
-    resp = httpx.post(
+    resp = http_client().post(
         load_server.url + "/invocations",
         content=content,
         headers={"Content-Type": "application/json"},
@@ -1064,10 +1064,10 @@ def test_chat_length_errors_name_the_chat_fields(load_server: RemoteServer) -> N
     url = load_server.url + "/invocations"
     for field_name in ("max_tokens", "max_completion_tokens"):
         body = {"messages": [{"role": "user", "content": "hi"}], field_name: 100_000}
-        err = httpx.post(url, json=body, timeout=30).json()
+        err = http_client().post(url, json=body, timeout=30).json()
         assert err["param"] == field_name and field_name in err["message"], err
     body = {"messages": [{"role": "user", "content": "x = 1\n" * 400}], "max_tokens": 1}
-    err = httpx.post(url, json=body, timeout=30).json()
+    err = http_client().post(url, json=body, timeout=30).json()
     assert err["param"] == "messages", err
 
 
@@ -1077,13 +1077,13 @@ def test_extreme_sampling_values_never_kill_the_engine(load_server: RemoteServer
     module's last test: were it to kill the engine again, no other test would see a dead server)."""
     for extreme in ({"temperature": 1e-40}, {"repetition_penalty": 1e-39}):
         params = {"max_new_tokens": 4, "do_sample": True, "seed": 1, **extreme}
-        resp = httpx.post(
+        resp = http_client().post(
             load_server.url + "/invocations",
             json={"inputs": "def f(x): return x", "parameters": params},
             timeout=30,
         )
         assert resp.status_code in (200, 400), resp.text
         time.sleep(0.5)  # the supervisor notices a dead loop within 0.25 s
-        assert httpx.get(load_server.url + "/ping", timeout=5).status_code == 200, (
+        assert http_client().get(load_server.url + "/ping", timeout=5).status_code == 200, (
             "one request killed the engine"
         )

@@ -16,11 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from lmforge.testing.lora import PeftReference, make_adapter
-from lmforge.testing.server import TEST_ENV, RemoteServer
+from lmforge.testing.server import TEST_ENV, RemoteServer, http_client
 from tests.local_sagemaker import REGION, lmforge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -391,7 +390,7 @@ def test_cli_against_a_server(material: dict[str, Path], peft: PeftReference, tm
             "adapters": "x1",
             "parameters": {"max_new_tokens": NEW, "ignore_eos_token": True, "details": True},
         }
-        answer = httpx.post(srv.url + "/invocations", json=body, timeout=60).json()
+        answer = http_client().post(srv.url + "/invocations", json=body, timeout=60).json()
         assert [t["id"] for t in answer["details"]["tokens"]] == peft.greedy(PROMPT, NEW, "a1")
 
         bad = lmforge("adapter", "add", "x2", str(roots / "pickled"), *url, env=env, check=False)

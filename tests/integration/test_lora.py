@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from lmforge.testing.lora import PeftReference, make_adapter
-from lmforge.testing.server import RemoteServer, metrics
+from lmforge.testing.server import RemoteServer, http_client, metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -96,7 +96,9 @@ def generate(srv: RemoteServer, prompt: str, how: str, name: str | None, stream:
             headers["X-Amzn-SageMaker-Adapter-Alias"] = name
         else:
             params["adapter"] = name
-    resp = httpx.post(srv.url + "/invocations", json=body, headers=headers, params=params, timeout=120)
+    resp = http_client().post(
+        srv.url + "/invocations", json=body, headers=headers, params=params, timeout=120
+    )
     assert resp.status_code == 200, resp.text
     if stream:
         lines = [json.loads(line) for line in resp.text.splitlines() if line]
@@ -105,7 +107,7 @@ def generate(srv: RemoteServer, prompt: str, how: str, name: str | None, stream:
 
 
 def test_mixed_batch_equals_peft_per_adapter(server: RemoteServer, peft: PeftReference) -> None:
-    resp = httpx.post(
+    resp = http_client().post(
         server.url + "/adapters", params={"name": "a3", "src": str(server.model_dir.parent / "extra" / "a3")}
     )
     assert resp.status_code == 200, resp.text
@@ -124,27 +126,27 @@ def test_mixed_batch_equals_peft_per_adapter(server: RemoteServer, peft: PeftRef
     assert stats["lmforge_engine_running"] == 0
     # streamed tokens equal the non-streamed ones for an adapter
     assert generate(server, PROMPTS[0], "body", "a1", stream=True) == peft.greedy(PROMPTS[0], NEW, "a1")
-    assert httpx.delete(server.url + "/adapters/a3").status_code == 200
+    assert http_client().delete(server.url + "/adapters/a3").status_code == 200
 
 
 def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftReference) -> None:
     src = str(server.model_dir.parent / "extra" / "a3")
     url = server.url + "/models/model/adapters"
-    resp = httpx.post(url, params={"name": "tmp", "src": src, "preload": "true"})
+    resp = http_client().post(url, params={"name": "tmp", "src": src, "preload": "true"})
     assert resp.status_code == 200, resp.text
     assert resp.json()["adapter"]["rank"] == 16
-    again = httpx.post(server.url + "/adapters", json={"name": "tmp", "src": src})
+    again = http_client().post(server.url + "/adapters", json={"name": "tmp", "src": src})
     assert again.status_code == 409 and "already registered" in again.json()["message"]
-    names = [a["name"] for a in httpx.get(url).json()["adapters"]]
+    names = [a["name"] for a in http_client().get(url).json()["adapters"]]
     assert names == ["a1", "a2", "tmp"]
-    page = httpx.get(url, params={"limit": 2}).json()
+    page = http_client().get(url, params={"limit": 2}).json()
     assert [a["name"] for a in page["adapters"]] == ["a1", "a2"] and page["nextPageToken"] == "2"
-    desc = httpx.get(url + "/tmp").json()
+    desc = http_client().get(url + "/tmp").json()
     assert desc["src"] == src and desc["target_modules"] == ["down_proj", "gate_proj", "up_proj"]
     assert generate(server, PROMPTS[1], "body", "tmp") == peft.greedy(PROMPTS[1], NEW, "a3")
     # update: same name, another source (a2's files), effective for the next request
     a2 = str(server.model_dir / "adapters" / "a2")
-    upd = httpx.post(
+    upd = http_client().post(
         url + "/tmp/update",
         params={"src": a2, "pin": "true"},
         headers={"X-Amzn-SageMaker-Adapter-Alias": "al"},
@@ -156,19 +158,21 @@ def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftRe
     # carries is a name, and an unknown one is a 404 naming it
     assert generate(server, PROMPTS[1], "alias", "al") == peft.greedy(PROMPTS[1], NEW, "a2")
     assert generate(server, PROMPTS[1], "alias", "a1") == peft.greedy(PROMPTS[1], NEW, "a1")
-    nope = httpx.post(
+    nope = http_client().post(
         server.url + "/invocations",
         json={"inputs": "x"},
         headers={"X-Amzn-SageMaker-Adapter-Alias": "nope"},
         timeout=30,
     )
     assert nope.status_code == 404 and "'nope'" in nope.json()["message"]
-    assert httpx.delete(server.url + "/adapters/tmp").status_code == 200
-    gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "tmp"}, timeout=30)
+    assert http_client().delete(server.url + "/adapters/tmp").status_code == 200
+    gone = http_client().post(
+        server.url + "/invocations", json={"inputs": "x", "adapters": "tmp"}, timeout=30
+    )
     assert gone.status_code == 404 and "'tmp'" in gone.json()["message"]
     assert gone.json()["param"] == "adapters"
-    assert httpx.delete(server.url + "/adapters/tmp").status_code == 404
-    assert httpx.get(server.url + "/models/other/adapters").status_code == 404
+    assert http_client().delete(server.url + "/adapters/tmp").status_code == 404
+    assert http_client().get(server.url + "/models/other/adapters").status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -193,25 +197,27 @@ def test_register_list_describe_update_remove(server: RemoteServer, peft: PeftRe
 )
 def test_bad_sources_are_refused(server: RemoteServer, src: str, needle: str) -> None:
     extra = server.model_dir.parent / "extra"
-    resp = httpx.post(server.url + "/adapters", json={"name": "bad", "src": src.format(extra=extra)})
+    resp = http_client().post(server.url + "/adapters", json={"name": "bad", "src": src.format(extra=extra)})
     assert resp.status_code == 400, resp.text
     body = resp.json()
     assert needle in body["message"], body
     assert body["param"] == "src"
-    assert "bad" not in [a["name"] for a in httpx.get(server.url + "/adapters").json()["adapters"]]
+    assert "bad" not in [a["name"] for a in http_client().get(server.url + "/adapters").json()["adapters"]]
 
 
 def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: PeftReference) -> None:
     src = str(server.model_dir.parent / "extra" / "regex")
-    assert httpx.post(server.url + "/adapters", json={"name": "rx", "src": src}).status_code == 200
-    models = httpx.get(server.url + "/v1/models").json()["data"]
+    assert http_client().post(server.url + "/adapters", json={"name": "rx", "src": src}).status_code == 200
+    models = http_client().get(server.url + "/v1/models").json()["data"]
     assert models[0]["id"] == "model" and "parent" not in models[0]
     assert {m["id"]: m["parent"] for m in models[1:]} == dict.fromkeys(("a1", "a2", "rx"), "model")
     assert generate(server, PROMPTS[2], "body", "rx") == peft.greedy(PROMPTS[2], NEW, "a1")
-    assert httpx.delete(server.url + "/adapters/rx").status_code == 200
+    assert http_client().delete(server.url + "/adapters/rx").status_code == 200
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     for model, status in (("model", 200), ("a1", 200), ("rx", 404), ("nope", 404)):
-        resp = httpx.post(server.url + "/v1/chat/completions", json={**chat, "model": model}, timeout=60)
+        resp = http_client().post(
+            server.url + "/v1/chat/completions", json={**chat, "model": model}, timeout=60
+        )
         assert resp.status_code == status, (model, resp.text)
         if status == 404:  # vLLM's answer, in OpenAI's error shape
             error = resp.json()["error"]
@@ -220,10 +226,12 @@ def test_regex_target_modules_and_chat_model_names(server: RemoteServer, peft: P
         else:
             assert resp.json()["model"] == model  # the answer names what served it
     # pinning every slot would leave requests for other adapters waiting forever
-    assert httpx.put(server.url + "/adapters/a1", json={"pin": True}).status_code == 200  # 1 of 2 slots
-    pin = httpx.put(server.url + "/adapters/a2", json={"pin": True})
+    assert (
+        http_client().put(server.url + "/adapters/a1", json={"pin": True}).status_code == 200
+    )  # 1 of 2 slots
+    pin = http_client().put(server.url + "/adapters/a2", json={"pin": True})
     assert pin.status_code == 400 and "one must stay free" in pin.json()["message"], pin.text
-    assert httpx.put(server.url + "/adapters/a1", json={"pin": False}).status_code == 200
+    assert http_client().put(server.url + "/adapters/a1", json={"pin": False}).status_code == 200
 
 
 def test_bad_requests_name_the_field(server: RemoteServer) -> None:
@@ -245,14 +253,14 @@ def test_bad_requests_name_the_field(server: RemoteServer) -> None:
         headers={"X-Amzn-SageMaker-Adapter-Identifier": "a2"},
     )
     assert both.status_code == 400 and both.json()["param"] == "adapters"
-    assert httpx.patch(server.url + "/adapters/a1").status_code == 405
+    assert http_client().patch(server.url + "/adapters/a1").status_code == 405
 
 
 def test_lora_disabled_says_how_to_enable(tiny_server: RemoteServer) -> None:
     """The plain tiny-model server (no option.enable_lora)."""
-    resp = httpx.post(tiny_server.url + "/adapters", json={"name": "a", "src": "/x"})
+    resp = http_client().post(tiny_server.url + "/adapters", json={"name": "a", "src": "/x"})
     assert resp.status_code == 400 and "option.enable_lora" in resp.json()["message"]
-    resp = httpx.post(tiny_server.url + "/invocations", json={"inputs": "x", "adapters": "a"})
+    resp = http_client().post(tiny_server.url + "/invocations", json={"inputs": "x", "adapters": "a"})
     assert resp.status_code == 400 and "enable_lora" in resp.json()["message"]
     assert resp.json()["param"] == "adapters"
 

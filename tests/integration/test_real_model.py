@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lmforge.testing.server import RemoteServer
+from lmforge.testing.server import RemoteServer, http_client
 from tests.conftest import Reference
 from tests.local_sagemaker import lmforge
 
@@ -153,13 +153,13 @@ def test_vllm_over_http_agrees_with_transformers(vllm_server: RemoteServer, expe
     url = vllm_server.url
 
     def invoke(body: dict[str, Any]) -> dict[str, Any]:
-        return dict(httpx.post(f"{url}/invocations", json=body, timeout=120).json())
+        return dict(http_client().post(f"{url}/invocations", json=body, timeout=120).json())
 
     def stream(body: dict[str, Any]) -> list[dict[str, Any]]:
-        return _lines(httpx.post(f"{url}/invocations", json=body, timeout=120))
+        return _lines(http_client().post(f"{url}/invocations", json=body, timeout=120))
 
     def chat(stream: bool) -> tuple[str, list[float]]:
-        resp = httpx.post(f"{url}/v1/chat/completions", json=_chat_body(stream), timeout=120)
+        resp = http_client().post(f"{url}/v1/chat/completions", json=_chat_body(stream), timeout=120)
         if not stream:
             return _chat_from_reply(resp.json())
         events = resp.text.split("\n\n")
@@ -276,7 +276,9 @@ def test_structured_output_is_the_same_on_both_engines(
     smr = clients["sagemaker-runtime"]
 
     def vllm(body: dict[str, Any]) -> dict[str, Any]:
-        return dict(httpx.post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json())
+        return dict(
+            http_client().post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json()
+        )
 
     def lmi(body: dict[str, Any]) -> dict[str, Any]:
         resp = smr.invoke_endpoint(

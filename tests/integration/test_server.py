@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmforge.testing.server import RemoteServer, metrics, stream_lines
+from lmforge.testing.server import RemoteServer, http_client, metrics, stream_lines
 from tests.conftest import Reference
 
 pytestmark = pytest.mark.integration
@@ -29,11 +29,11 @@ def server(tiny_server: RemoteServer) -> RemoteServer:
 
 
 def invoke(srv: RemoteServer, body: object, **kwargs: object) -> httpx.Response:
-    return httpx.post(srv.url + "/invocations", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
+    return http_client().post(srv.url + "/invocations", json=body, timeout=120, **kwargs)  # type: ignore[arg-type]
 
 
 def test_ping_healthy(server: RemoteServer) -> None:
-    resp = httpx.get(server.url + "/ping")
+    resp = http_client().get(server.url + "/ping")
     assert resp.status_code == 200
     assert resp.json()["status"] == "healthy"
 
@@ -98,7 +98,7 @@ def test_stream_matches_non_stream(server: RemoteServer) -> None:
 
 def test_sse_when_asked(server: RemoteServer) -> None:
     body = {"inputs": "def ", "parameters": {"max_new_tokens": 8}, "stream": True}
-    with httpx.stream(
+    with http_client().stream(
         "POST", server.url + "/invocations", json=body, headers={"Accept": "text/event-stream"}
     ) as resp:
         assert resp.status_code == 200
@@ -218,7 +218,7 @@ def test_chat_messages(server: RemoteServer) -> None:
     assert out["usage"]["completion_tokens"] <= 12
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"]
     # Streaming chunks reassemble to the same content; SSE ends with [DONE].
-    with httpx.stream(
+    with http_client().stream(
         "POST",
         server.url + "/invocations",
         json={**body, "stream": True},
@@ -234,13 +234,15 @@ def test_chat_messages(server: RemoteServer) -> None:
     )
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
     # OpenAI path alias
-    alias = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    alias = http_client().post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
     assert alias["choices"][0]["message"]["content"] == choice["message"]["content"]
 
 
 def test_body_too_large_is_413(server: RemoteServer) -> None:
     big = b'{"inputs": "' + b"a" * (7 * 2**20) + b'"}'
-    resp = httpx.post(server.url + "/invocations", content=big, headers={"Content-Type": "application/json"})
+    resp = http_client().post(
+        server.url + "/invocations", content=big, headers={"Content-Type": "application/json"}
+    )
     assert resp.status_code == 413
     assert resp.json()["type"] == "payload_too_large"
 

@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from lmforge.config import load_config
 from lmforge.engines.trtllm.compile import CompileError, ensure_engine, is_compiled
 from lmforge.engines.trtllm.plan import PLAN_FILE, make_plan
-from lmforge.testing.server import RemoteServer, metrics, stream_lines
+from lmforge.testing.server import RemoteServer, http_client, metrics, stream_lines
 
 pytestmark = [pytest.mark.integration]
 
@@ -158,14 +157,21 @@ def test_backend_streams_through_the_server(
         stop = next(
             text[i : i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i : i + 2].isalnum()
         )
-        resp = httpx.post(
-            server.url + "/invocations",
-            json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "stop": [stop], "details": True}},
-            timeout=30,
-        ).json()
+        resp = (
+            http_client()
+            .post(
+                server.url + "/invocations",
+                json={
+                    "inputs": "def ",
+                    "parameters": {"max_new_tokens": 12, "stop": [stop], "details": True},
+                },
+                timeout=30,
+            )
+            .json()
+        )
         assert resp["details"]["finish_reason"] == "stop_sequence"
         assert resp["generated_text"] == text[: text.index(stop)]
-        too_long = httpx.post(
+        too_long = http_client().post(
             server.url + "/invocations",
             json={"inputs": "word " * 400, "parameters": {"max_new_tokens": 2}},
             timeout=30,
@@ -173,12 +179,14 @@ def test_backend_streams_through_the_server(
         assert too_long.status_code == 400 and too_long.json()["param"] == "inputs"
         # the prompt's log-probs (echo with logprobs) are not mapped on this backend: a 400 naming echo
         scored = {"prompt": "def ", "echo": True, "logprobs": 1, "max_tokens": 0}
-        echo = httpx.post(server.url + "/v1/completions", json=scored, timeout=30)
+        echo = http_client().post(server.url + "/v1/completions", json=scored, timeout=30)
         assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
-        plain = httpx.post(server.url + "/v1/completions", json={**scored, "logprobs": None}, timeout=30)
+        plain = http_client().post(
+            server.url + "/v1/completions", json={**scored, "logprobs": None}, timeout=30
+        )
         assert plain.status_code == 200 and plain.json()["choices"][0]["text"] == "def "
         before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
-        with httpx.stream(
+        with http_client().stream(
             "POST",
             server.url + "/invocations",
             json={"inputs": "def ", "parameters": {"max_new_tokens": 200}, "stream": True},
@@ -206,11 +214,15 @@ def test_real_tensorrt_llm_compiles_and_serves_the_example_model(tiny_model: Pat
         pytest.skip("the fake TensorRT-LLM is on the path")
     folder = _model(tiny_model, tmp_path / "m")
     with RemoteServer(folder, startup_timeout=1800) as server:
-        out = httpx.post(
-            server.url + "/invocations",
-            json={"inputs": "def ", "parameters": {"max_new_tokens": 8, "details": True}},
-            timeout=120,
-        ).json()
+        out = (
+            http_client()
+            .post(
+                server.url + "/invocations",
+                json={"inputs": "def ", "parameters": {"max_new_tokens": 8, "details": True}},
+                timeout=120,
+            )
+            .json()
+        )
         assert out["details"]["generated_tokens"] == 8
 
 
@@ -272,7 +284,7 @@ def test_lora_adapters_per_request_through_the_server(
         body: dict[str, Any] = {"inputs": prompt, "parameters": {"max_new_tokens": 8, "details": True}}
         if adapter is not None:
             body["adapters"] = adapter
-        resp = httpx.post(url + "/invocations", json=body, timeout=30)
+        resp = http_client().post(url + "/invocations", json=body, timeout=30)
         assert resp.status_code == 200, resp.text
         return [t["id"] for t in resp.json()["details"]["tokens"]]
 
@@ -282,15 +294,17 @@ def test_lora_adapters_per_request_through_the_server(
             outs = list(pool.map(lambda job: ask(server.url, *job), jobs))
         assert outs == [expect(*job) for job in jobs]
         assert len({tuple(o) for o in outs[:3]}) == 3  # the adapters change the tokens
-        resp = httpx.post(
+        resp = http_client().post(
             server.url + "/adapters", json={"name": "a3", "src": str(tmp_path / "extra" / "a3")}
         )
         assert resp.status_code == 200, resp.text
         assert ask(server.url, "def ", "a3") == expect("def ", "a3")
-        assert httpx.delete(server.url + "/adapters/a3").status_code == 200
-        gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30)
+        assert http_client().delete(server.url + "/adapters/a3").status_code == 200
+        gone = http_client().post(
+            server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30
+        )
         assert gone.status_code == 404 and "'a3'" in gone.json()["message"]
-        resp = httpx.post(
+        resp = http_client().post(
             server.url + "/adapters", json={"name": "a3", "src": str(tmp_path / "extra" / "a1")}
         )
         assert resp.status_code == 200, resp.text
@@ -385,7 +399,7 @@ def test_real_tensorrt_llm_serves_lora_adapters_like_peft(
         }
         if adapter is not None:
             body["adapters"] = adapter
-        resp = httpx.post(url + "/invocations", json=body, timeout=120)
+        resp = http_client().post(url + "/invocations", json=body, timeout=120)
         assert resp.status_code == 200, resp.text
         return [t["id"] for t in resp.json()["details"]["tokens"]]
 

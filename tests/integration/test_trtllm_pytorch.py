@@ -19,11 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from lmforge.config import load_config
-from lmforge.testing.server import RemoteServer, metrics, stream_lines
+from lmforge.testing.server import RemoteServer, http_client, metrics, stream_lines
 
 pytestmark = [pytest.mark.integration]
 
@@ -101,7 +100,7 @@ def test_server_streams_and_aborts_on_the_pytorch_backend(
         assert len(lines) == 10 and all(line["token"]["log_prob"] < 0 for line in lines)
         assert lines[-1]["details"]["finish_reason"] == "length"
         before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
-        with httpx.stream(
+        with http_client().stream(
             "POST",
             server.url + "/invocations",
             json={"inputs": "def ", "parameters": {"max_new_tokens": 400}, "stream": True},
@@ -373,7 +372,8 @@ def _greedy_like_transformers(model: Path, url: str, prompt: str, n: int, dtype:
     want = ref.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1] :].tolist()
     body = {"inputs": prompt, "parameters": {"max_new_tokens": n, "details": True, "ignore_eos_token": True}}
     got = [
-        t["id"] for t in httpx.post(url + "/invocations", json=body, timeout=300).json()["details"]["tokens"]
+        t["id"]
+        for t in http_client().post(url + "/invocations", json=body, timeout=300).json()["details"]["tokens"]
     ]
     assert got == want
 

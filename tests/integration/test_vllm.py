@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, metrics, stream_lines
+from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, http_client, metrics, stream_lines
 from tests.shared_vllm import SharedVllm
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
@@ -93,22 +92,30 @@ def test_stop_sequence_is_told_apart_from_eos(served: tuple[RemoteServer, list[d
     server, reference = served
     ref = reference[-1]
     assert ref["finish_reason"] == "stop" and ref["stop_reason"] == "e"  # vLLM stopped on the string
-    resp = httpx.post(
-        server.url + "/invocations",
-        json={
-            "inputs": PROMPTS[0],
-            "parameters": {"max_new_tokens": MAX_TOKENS, "stop": ["e"], "details": True},
-        },
-        timeout=60,
-    ).json()
+    resp = (
+        http_client()
+        .post(
+            server.url + "/invocations",
+            json={
+                "inputs": PROMPTS[0],
+                "parameters": {"max_new_tokens": MAX_TOKENS, "stop": ["e"], "details": True},
+            },
+            timeout=60,
+        )
+        .json()
+    )
     assert resp["generated_text"] == ref["text"]
     assert resp["details"]["finish_reason"] == "stop_sequence"
     # each token keeps its own text (not text held back and released on a later token)
-    plain = httpx.post(
-        server.url + "/invocations",
-        json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}},
-        timeout=60,
-    ).json()["details"]["tokens"]
+    plain = (
+        http_client()
+        .post(
+            server.url + "/invocations",
+            json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}},
+            timeout=60,
+        )
+        .json()["details"]["tokens"]
+    )
     stopped = resp["details"]["tokens"]
     assert [t["text"] for t in stopped[:-1]] == [t["text"] for t in plain[: len(stopped) - 1]]
     assert plain[len(stopped) - 1]["text"].startswith(stopped[-1]["text"])
@@ -122,7 +129,7 @@ def test_values_vllm_refuses_are_400s_naming_the_field(
         ({"do_sample": True, "temperature": 2.5}, "parameters.temperature"),
         ({"top_n_tokens": 50, "details": True}, "parameters.top_n_tokens"),
     ):
-        resp = httpx.post(
+        resp = http_client().post(
             server.url + "/invocations",
             json={"inputs": "x", "parameters": {"max_new_tokens": 2, **params}},
             timeout=60,
@@ -133,11 +140,18 @@ def test_values_vllm_refuses_are_400s_naming_the_field(
 
 def test_top_n_log_probs(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     server, reference = served
-    resp = httpx.post(
-        server.url + "/invocations",
-        json={"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 6, "details": True, "top_n_tokens": 3}},
-        timeout=60,
-    ).json()
+    resp = (
+        http_client()
+        .post(
+            server.url + "/invocations",
+            json={
+                "inputs": PROMPTS[1],
+                "parameters": {"max_new_tokens": 6, "details": True, "top_n_tokens": 3},
+            },
+            timeout=60,
+        )
+        .json()
+    )
     for tok, top in zip(resp["details"]["tokens"], resp["details"]["top_tokens"], strict=True):
         assert len(top) == 3
         assert [t["log_prob"] for t in top] == sorted((t["log_prob"] for t in top), reverse=True)
@@ -153,14 +167,18 @@ def test_seeded_sampling_repeats_and_chat_uses_the_template(
         "inputs": PROMPTS[2],
         "parameters": {"max_new_tokens": 12, "do_sample": True, "temperature": 0.9, "top_p": 0.9, "seed": 7},
     }
-    first = httpx.post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
-    second = httpx.post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
+    first = http_client().post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
+    second = http_client().post(server.url + "/invocations", json=body, timeout=60).json()["generated_text"]
     assert first == second
-    chat = httpx.post(
-        server.url + "/invocations",
-        json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 5},
-        timeout=60,
-    ).json()
+    chat = (
+        http_client()
+        .post(
+            server.url + "/invocations",
+            json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 5},
+            timeout=60,
+        )
+        .json()
+    )
     assert chat["object"] == "chat.completion"
     assert chat["usage"]["completion_tokens"] == 5
     assert chat["choices"][0]["finish_reason"] == "length"
@@ -193,7 +211,7 @@ def test_32_concurrent_streams_complete(served: tuple[RemoteServer, list[dict[st
 def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     server, _ = served
     before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)
-    with httpx.stream(
+    with http_client().stream(
         "POST",
         server.url + "/invocations",
         json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 900}, "stream": True},
@@ -297,7 +315,7 @@ def test_engine_death_makes_ping_unhealthy(breaks_vllm: RemoteServer) -> None:
     children = psutil.Process(server.proc.pid).children(recursive=True)
     core = [p for p in children if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
     assert core, [(p.name(), p.cmdline()) for p in children]
-    with httpx.stream(
+    with http_client().stream(
         "POST",
         server.url + "/invocations",
         json={"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 900}, "stream": True},

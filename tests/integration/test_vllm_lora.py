@@ -24,11 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from lmforge.testing.lora import PeftReference
-from lmforge.testing.server import RemoteServer, metrics
+from lmforge.testing.server import RemoteServer, http_client, metrics
 from tests.shared_vllm import SharedVllm
 
 pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
@@ -112,7 +111,7 @@ def generate(
         body["adapters"] = adapter
     elif adapter is not None:
         headers["X-Amzn-SageMaker-Adapter-Identifier"] = adapter
-    resp = httpx.post(url + "/invocations", json=body, headers=headers, timeout=120)
+    resp = http_client().post(url + "/invocations", json=body, headers=headers, timeout=120)
     assert resp.status_code == 200, resp.text
     if stream:
         return [json.loads(line)["token"]["id"] for line in resp.text.splitlines() if line]
@@ -142,7 +141,9 @@ def test_runtime_adapter_three_adapters_two_slots_and_remove(
     server: RemoteServer, lora_model: Path, expected: dict[tuple[str, str | None], list[int]]
 ) -> None:
     extra = lora_model.parent / "extra"
-    resp = httpx.post(server.url + "/adapters", json={"name": "a3", "src": str(extra / "a3")}, timeout=60)
+    resp = http_client().post(
+        server.url + "/adapters", json={"name": "a3", "src": str(extra / "a3")}, timeout=60
+    )
     assert resp.status_code == 200, resp.text
     # three adapters and the base model with option.max_loras=2: vLLM swaps adapters between steps
     jobs = [(p, a) for p in PROMPTS for a in (None, "a1", "a2", "a3")]
@@ -150,18 +151,20 @@ def test_runtime_adapter_three_adapters_two_slots_and_remove(
         outs = list(pool.map(lambda job: generate(server.url, *job), jobs))
     for job, out in zip(jobs, outs, strict=True):
         assert out == expected[job], job
-    assert httpx.delete(server.url + "/adapters/a3", timeout=60).status_code == 200
-    gone = httpx.post(server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30)
+    assert http_client().delete(server.url + "/adapters/a3", timeout=60).status_code == 200
+    gone = http_client().post(server.url + "/invocations", json={"inputs": "x", "adapters": "a3"}, timeout=30)
     assert gone.status_code == 404 and "'a3'" in gone.json()["message"]
     # the removed adapter's weights stay in a freed vLLM slot: base rows must not pick them up
     with ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda p: generate(server.url, p, None), PROMPTS))
     assert outs == [expected[(p, None)] for p in PROMPTS]
     # the name again, from other files (a1's): the new weights, never the old ones
-    resp = httpx.post(server.url + "/adapters", json={"name": "a3", "src": str(extra / "a1")}, timeout=60)
+    resp = http_client().post(
+        server.url + "/adapters", json={"name": "a3", "src": str(extra / "a1")}, timeout=60
+    )
     assert resp.status_code == 200, resp.text
     assert generate(server.url, PROMPTS[2], "a3") == expected[(PROMPTS[2], "a1")]
-    assert httpx.delete(server.url + "/adapters/a3", timeout=60).status_code == 200
+    assert http_client().delete(server.url + "/adapters/a3", timeout=60).status_code == 200
 
 
 # ---------------------------------------------------------------------- one engine in this process
