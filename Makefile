@@ -83,13 +83,14 @@ bench: install
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
 	$(BIN)/python bench/report.py
 
-# the engines, frontend-overhead, batching, sticky-session and LoRA scenarios on SmolLM2-135M (real
+# the engines, frontend-overhead, batching, sticky-session, LoRA and cold-start scenarios on SmolLM2-135M (real
 # weights, about 35 min):
 # bench/results/*-smollm2-135m.json, side by side with the tiny model's in docs/performance.md
 bench-real: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py --model smollm2-135m --repeats 1
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sessions.py --engine lmi-dist
 	OMP_NUM_THREADS=1 $(BIN)/python bench/lora.py --model smollm2-135m
+	OMP_NUM_THREADS=1 $(BIN)/python bench/cold_start.py --model smollm2-135m
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --model smollm2-135m --rounds 3 && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py --model smollm2-135m && \

@@ -1,7 +1,8 @@
 """Cold start: time from process start to ``/ping`` 200 for ``lmforge serve``, broken down, vs the
 engine's own load time.
 
-For each backend (LMI-Dist; vLLM when installed) the example model is served by a fresh
+For each backend (LMI-Dist; vLLM when installed) the example model (``--model tiny``, the default) or
+SmolLM2-135M (``--model smollm2-135m``: 540 MB of fp32 weights and a 1.5 GiB KV cache) is served by a fresh
 ``python -m lmforge serve`` process; this script stamps the wall clock just before starting it,
 polls ``/ping`` every 20 ms and reads the server's log afterwards:
 
@@ -20,7 +21,8 @@ The engine's own load time, for comparison: LMI-Dist = a bare script (fresh proc
 transformers, ``from_pretrained`` tokenizer and model, one ``generate`` call as warm-up); vLLM = the
 durations its own log lines report. Best of ``--repeats`` starts (by time to ready).
 
-Usage: python bench/cold_start.py [--repeats 3] [--no-vllm] [--out bench/results/cold-start.json]
+Usage: python bench/cold_start.py [--model tiny|smollm2-135m] [--repeats 3] [--no-vllm] [--out FILE]
+(default FILE: bench/results/cold-start.json, cold-start-smollm2-135m.json for the 135 M model)
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ from lmforge.testing.server import TEST_ENV as ENV
 from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
 NAME = "cold-start"
+
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model  # noqa: E402
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _PHASES = re.compile(r"lmi-dist startup phases \(s\): (.*)$")
@@ -254,14 +259,14 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return min(runs, key=lambda r: float(r["ready_s"]))
 
 
-def lmi_dist(tiny: Path, repeats: int) -> dict[str, Any]:
+def lmi_dist(model: Path, repeats: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeats):
-        row, log, _t0 = start_and_time(tiny, {**os.environ, **ENV}, 300)
+        row, log, _t0 = start_and_time(model, {**os.environ, **ENV}, 300)
         row["engine_phases_s"] = lmi_phases(log)
         runs.append(row)
         print(f"lmi-dist: ready in {row['ready_s']:.2f} s {row}", flush=True)
-    bare = [bare_transformers(tiny) for _ in range(repeats)]
+    bare = [bare_transformers(model) for _ in range(repeats)]
     own = min(bare, key=lambda r: r["total_s"])
     print(f"lmi-dist: bare transformers load {own}", flush=True)
     fastest = best(runs)
@@ -274,10 +279,10 @@ def lmi_dist(tiny: Path, repeats: int) -> dict[str, Any]:
     }
 
 
-def vllm(tiny: Path, repeats: int, cache: Path) -> dict[str, Any]:
-    folder = tiny.parent / "vllm-model"
+def vllm(model: Path, repeats: int, cache: Path) -> dict[str, Any]:
+    folder = model.parent / "vllm-model"
     if not folder.exists():
-        shutil.copytree(tiny, folder)
+        shutil.copytree(model, folder)
         (folder / "serving.properties").write_text(VLLM_PROPERTIES)
     env = {**os.environ, **ENV, **VLLM_ENV, "VLLM_CACHE_ROOT": str(cache)}
     runs = []
@@ -300,31 +305,39 @@ def main() -> None:
     import importlib.util
 
     from lmforge.bench.results import machine, versions
-    from lmforge.models.example import write_example_model
 
     parser = argparse.ArgumentParser(description="cold start of lmforge serve, broken down")
+    parser.add_argument("--model", choices=MODELS, default=TINY, help="the model served")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even when installed")
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    name = result_name(NAME, args.model)
+    out = args.out or RESULTS / f"{name}.json"
     backends = []
     with tempfile.TemporaryDirectory() as tmp:
-        tiny = write_example_model(Path(tmp) / "tiny")
-        backends.append(lmi_dist(tiny, args.repeats))
+        model = write_model(args.model, Path(tmp) / args.model)
+        backends.append(lmi_dist(model, args.repeats))
         if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
-            backends.append(vllm(tiny, args.repeats, Path(tmp) / "vllm-cache"))
+            backends.append(vllm(model, args.repeats, Path(tmp) / "vllm-cache"))
+    command = "python bench/cold_start.py" + ("" if args.model == TINY else f" --model {args.model}")
     result = {
-        "name": NAME,
+        "name": name,
         "machine": machine(),
         "versions": versions(),
-        "command": "python bench/cold_start.py",
-        "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
-        "settings": {"repeats": args.repeats, "torch_threads": 1, "ping_poll_s": 0.02},
+        "command": command,
+        "model": DESCRIPTIONS[args.model],
+        "settings": {
+            "model_key": args.model,
+            "repeats": args.repeats,
+            "torch_threads": 1,
+            "ping_poll_s": 0.02,
+        },
         "backends": backends,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

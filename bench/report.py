@@ -289,15 +289,22 @@ share of its computed token slots that were useful.
 
 
 def cold_start_section(r: Result) -> str:
+    real = r["settings"].get("model_key") == "smollm2-135m"
     parts = [
-        """## Cold start (`bench/cold_start.py`)
+        """## Cold start{title} (`bench/cold_start.py`)
 
-Process start -> first `GET /ping` 200 of `python -m lmforge serve` on the example model (polled
+Process start -> first `GET /ping` 200 of `python -m lmforge serve` on {model} (polled
 every 20 ms), best of {n} starts, broken down from the server's log: **server boot** = process start
 -> lmforge's "serving ... on http" line (Python, lmforge, uvicorn, config); then the engine's phases;
 "other" = what the phases do not account for (the event loop's hand-over, the first ping). Result:
-`bench/results/cold-start.json`.
-""".format(n=r["settings"]["repeats"])
+`bench/results/{name}.json`.
+{notes}""".format(
+            title=", SmolLM2-135M" if real else "",
+            model="SmolLM2-135M-Instruct (fp32)" if real else "the example model",
+            n=r["settings"]["repeats"],
+            name=r["name"],
+            notes=f"\n{r['notes']}\n" if r.get("notes") else "",
+        )
     ]
     for b in r["backends"]:
         best = b["best"]
@@ -598,6 +605,7 @@ server, so every figure includes its CPU cost, and other jobs on the machine mov
         ("batching", batching_section),
         ("batching-smollm2-135m", batching_section),
         ("cold-start", cold_start_section),
+        ("cold-start-smollm2-135m", cold_start_section),
         ("lmi-dist-attention", attention_section),
     ]
     for name, fn in sections:
@@ -624,7 +632,7 @@ server, so every figure includes its CPU cost, and other jobs on the machine mov
 make bench                                   # every CPU scenario, then this report
 .venv/bin/python bench/streaming_ceiling.py  # any scenario alone (each writes bench/results/<name>.json)
 .venv/bin/python bench/batching.py
-.venv/bin/python bench/cold_start.py
+.venv/bin/python bench/cold_start.py          # --model smollm2-135m: the 135 M model (1.5 GiB KV cache)
 .venv/bin/python bench/serving_throughput.py
 .venv/bin/python bench/lora.py               # --model smollm2-135m: the 135 M model (15 % goal)
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
@@ -648,6 +656,7 @@ def main() -> None:
         "batching",
         "batching-smollm2-135m",
         "cold-start",
+        "cold-start-smollm2-135m",
         "lmi-dist-attention",
         "lmi-dist-gpu-smoke",
         "gpu-roofline",

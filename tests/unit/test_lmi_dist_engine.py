@@ -196,6 +196,31 @@ def test_the_core_runs_with_huge_pages_for_large_blocks(engine: LmiDistEngine) -
     assert f"THP_MEM_ALLOC_ENABLE={want}".encode() in environ
 
 
+def _thp_enabled(pid: int | str) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(line.split()[1] for line in status.splitlines() if line.startswith("THP_enabled:"))
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/status").exists() or "THP_enabled:" not in Path("/proc/self/status").read_text(),
+    reason="needs Linux's per-process THP flag (/proc/<pid>/status THP_enabled)",
+)
+def test_the_kv_cache_is_allocated_with_small_pages_and_huge_pages_come_back_after(
+    engine: LmiDistEngine,
+) -> None:
+    """``small_pages`` turns the process's huge pages off only inside (the KV cache allocation: huge
+    pages there cost seconds of memory compaction at start), and the engine core, which allocated its
+    KV cache in it, has them on again for what it allocates later (LoRA factor sets, step buffers)."""
+    from lmforge.engines.lmi_dist.loading import small_pages
+
+    assert _thp_enabled("self") == "1"
+    with small_pages():
+        assert _thp_enabled("self") == "0"
+    assert _thp_enabled("self") == "1"
+    assert engine._core is not None and engine._core.proc is not None
+    assert _thp_enabled(engine._core.proc.pid) == "1"
+
+
 def test_repetition_penalty_changes_greedy_output(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
