@@ -302,7 +302,7 @@ every 20 ms), best of {n} starts, broken down from the server's log: **server bo
             title=", SmolLM2-135M" if real else "",
             model="SmolLM2-135M-Instruct (fp32)" if real else "the example model",
             n=r["settings"]["repeats"],
-            name=r["name"],
+            name=r.get("name", "cold-start"),
             notes=f"\n{r['notes']}\n" if r.get("notes") else "",
         )
     ]
