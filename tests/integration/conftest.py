@@ -64,15 +64,16 @@ def vllm_shared(
 
 @pytest.fixture(autouse=True)
 def _healthy_vllm(request: pytest.FixtureRequest) -> None:
-    """A test that uses the shared vLLM server gets a healthy one, whichever test broke it before."""
-    if "vllm_shared" in request.fixturenames:
+    """A test that uses the shared vLLM server gets a healthy one, whichever test broke it before (a
+    server that is only starting is left to the fixture that needs it ready, after its reference)."""
+    if "vllm_shared" in request.fixturenames and request.getfixturevalue("vllm_shared").broken:
         request.getfixturevalue("vllm_shared").ready()
 
 
 @pytest.fixture
 def breaks_vllm(vllm_shared: SharedVllm) -> Iterator[RemoteServer]:
-    """The shared vLLM server, for a test that breaks it (the next test that needs it restarts it)."""
-    yield vllm_shared.server
+    """The shared vLLM server, ready, for a test that breaks it (the next test that needs it restarts it)."""
+    yield vllm_shared.ready()
     vllm_shared.broken = True
 
 
