@@ -3,6 +3,13 @@ tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 from lmforge.testing.server import RemoteServer
 
 #: The shared vLLM server's settings past VLLM_PROPERTIES: tool_choice "auto" read by vLLM's own
@@ -25,9 +32,10 @@ class SharedVllm:
     process of its own) while it starts; a test that breaks it (``breaks_vllm``) gets it marked, and
     the next test that uses it gets it started again first."""
 
-    def __init__(self, server: RemoteServer) -> None:
+    def __init__(self, server: RemoteServer, vllm_env: dict[str, str]) -> None:
         self.server = server
         self.model = server.model_dir
+        self.vllm_env = vllm_env
         self.broken = False
 
     def ready(self) -> RemoteServer:
@@ -37,3 +45,23 @@ class SharedVllm:
             self.broken = False
         self.server.wait_for_ping(200, 400)
         return self.server
+
+    def reference(self, script: str, args: list[str], out: Path, **env: str) -> tuple[RemoteServer, Any]:
+        """Run ``script`` (beside the vLLM tests; vLLM's engine and worker in that one process, one torch
+        thread, ``env`` on top), which writes JSON to ``out``, while the server starts; then the ready
+        server and that JSON."""
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).parent / "integration" / script), *args],
+            env={
+                **os.environ,
+                **self.vllm_env,
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "OMP_NUM_THREADS": "1",
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return self.ready(), json.loads(out.read_text())

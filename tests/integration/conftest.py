@@ -57,7 +57,7 @@ def vllm_shared(
     (model / "serving.properties").write_text(properties)
     server = RemoteServer(model, env=vllm_env, wait_ready=False, startup_timeout=400).start()
     try:
-        yield SharedVllm(server)
+        yield SharedVllm(server, vllm_env)
     finally:
         server.stop()
 

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -40,30 +37,15 @@ def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
 
 @pytest.fixture(scope="module")
 def served(
-    vllm_shared: SharedVllm, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
+    vllm_shared: SharedVllm, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[RemoteServer, list[dict[str, Any]]]:
     """The shared server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
     root = tmp_path_factory.mktemp("vllm-reference")
     requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
     requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
     (root / "requests.json").write_text(json.dumps(requests))
-    script = Path(__file__).with_name("vllm_offline.py")
-    ref_env = {**os.environ, **vllm_env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(vllm_shared.model),
-            str(root / "requests.json"),
-            str(root / "reference.json"),
-        ],
-        env=ref_env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return vllm_shared.ready(), json.loads((root / "reference.json").read_text())
+    args = [str(vllm_shared.model), str(root / "requests.json"), str(root / "reference.json")]
+    return vllm_shared.reference("vllm_offline.py", args, root / "reference.json")
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,8 +17,6 @@ import asyncio
 import importlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,39 +56,15 @@ def expected(peft: PeftReference) -> dict[tuple[str, str | None], list[int]]:
 
 @pytest.fixture(scope="module")
 def served(
-    vllm_shared: SharedVllm,
-    vllm_env: dict[str, str],
-    expected: dict[Any, list[int]],
-    tmp_path_factory: pytest.TempPathFactory,
+    vllm_shared: SharedVllm, expected: dict[Any, list[int]], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[RemoteServer, dict[str, Any]]:
-    """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix."""
+    """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix
+    (``VLLM_PLUGINS=``: no plugin loads, so lmforge's fix does not either, until the script applies it)."""
     root = tmp_path_factory.mktemp("vllm-lora-raw")
     (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
-    raw_env = {
-        **os.environ,
-        **vllm_env,
-        "VLLM_PLUGINS": "",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "OMP_NUM_THREADS": "1",
-    }
-    script = Path(__file__).with_name("vllm_lora_raw.py")
     adapter = vllm_shared.model / "adapters" / "a1"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(vllm_shared.model),
-            str(adapter),
-            str(root / "raw.json"),
-            str(root / "out.json"),
-        ],
-        env=raw_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return vllm_shared.ready(), json.loads((root / "out.json").read_text())
+    args = [str(vllm_shared.model), str(adapter), str(root / "raw.json"), str(root / "out.json")]
+    return vllm_shared.reference("vllm_lora_raw.py", args, root / "out.json", VLLM_PLUGINS="")
 
 
 @pytest.fixture(scope="module")
