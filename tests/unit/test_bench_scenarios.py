@@ -370,6 +370,24 @@ def test_report_renders_every_scenario_with_its_ratio() -> None:
     assert "## Engines section" in page
     assert "## Reproduce" in page
     assert "## LMI-Dist on one GPU" not in page and "## LMI-Dist decode vs the memory-bandwidth" not in page
+    assert "## Cold start (`bench/cold_start.py`)" in page and "Cold start, SmolLM2-135M" not in page
+
+
+def test_report_renders_the_real_models_cold_start_beside_the_tiny_ones() -> None:
+    results = _sample_results()
+    real = {
+        **results["cold-start"],
+        "name": "cold-start-smollm2-135m",
+        "settings": {"model_key": "smollm2-135m", "repeats": 2},
+        "notes": "before this change the kv_cache phase took 3.15 s",
+    }
+    page = report.render({**results, "cold-start-smollm2-135m": real}, {})
+    tiny_at = page.index("## Cold start (`bench/cold_start.py`)")
+    real_at = page.index("## Cold start, SmolLM2-135M (`bench/cold_start.py`)")
+    assert tiny_at < real_at
+    assert "on SmolLM2-135M-Instruct (fp32)" in page[real_at:]
+    assert "`bench/results/cold-start-smollm2-135m.json`" in page[real_at:]
+    assert "before this change the kv_cache phase took 3.15 s" in page[real_at:]
 
 
 def test_report_summary_takes_external_ratios() -> None:
