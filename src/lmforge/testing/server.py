@@ -43,8 +43,8 @@ def http_client() -> httpx.Client:
     pooled keep-alive connections). ``httpx.get``/``post``/``stream`` make a client per call, and each
     new client loads the CA bundle into a TLS context: ~30 ms of CPU per call, for plain HTTP on
     127.0.0.1 that never uses it. Polling ``/ping`` every 0.1 s that way kept a test worker ~30 %
-    busy while its server started, and per-call clients were ~15 % of ``make test``'s CPU in all.
-    No TLS here (``verify=False``): every server it talks to listens on loopback, in plain HTTP."""
+    busy while its server started. No TLS here (``verify=False``): every server it talks to listens
+    on loopback, in plain HTTP."""
     return httpx.Client(verify=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
 
