@@ -66,8 +66,10 @@ def vllm_shared(
 def _healthy_vllm(request: pytest.FixtureRequest) -> None:
     """A test that uses the shared vLLM server gets a healthy one, whichever test broke it before (a
     server that is only starting is left to the fixture that needs it ready, after its reference)."""
-    if "vllm_shared" in request.fixturenames and request.getfixturevalue("vllm_shared").broken:
-        request.getfixturevalue("vllm_shared").ready()
+    if "vllm_shared" in request.fixturenames:
+        shared: SharedVllm = request.getfixturevalue("vllm_shared")
+        if shared.broken:
+            shared.ready()
 
 
 @pytest.fixture

@@ -158,9 +158,9 @@ def test_vllm_over_http_agrees_with_transformers(vllm_server: RemoteServer, expe
     def stream(body: dict[str, Any]) -> list[dict[str, Any]]:
         return _lines(http_client().post(f"{url}/invocations", json=body, timeout=120))
 
-    def chat(stream: bool) -> tuple[str, list[float]]:
-        resp = http_client().post(f"{url}/v1/chat/completions", json=_chat_body(stream), timeout=120)
-        if not stream:
+    def chat(streamed: bool) -> tuple[str, list[float]]:
+        resp = http_client().post(f"{url}/v1/chat/completions", json=_chat_body(streamed), timeout=120)
+        if not streamed:
             return _chat_from_reply(resp.json())
         events = resp.text.split("\n\n")
         return _chat_from_chunks([json.loads(e[6:]) for e in events if e.startswith("data: {")])
