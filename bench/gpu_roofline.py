@@ -15,7 +15,8 @@ example model's tokenizer), built on the GPU, with the shape of SmolLM2-135M (``
 smollm2-135m``, the default: the real example model's architecture; the weights' values do not change
 the bytes a step reads) or TinyLlama-1.1B (``--shape tinyllama-1.1b``).
 
-``--profile DIR`` also runs a few decode steps at batch 1 and 32 under the PyTorch profiler and
+``--profile DIR`` also runs a few decode steps at batch 1 and 32 under the engine core's PyTorch
+profiler (:mod:`lmforge.engines.lmi_dist.profiling`: the model runs in that process) and
 writes, per batch, the operators by host time and by device time, and the device-busy share of the
 wall time (how much of a step the GPU spends computing, the rest being host work it waits for).
 
@@ -208,45 +209,28 @@ async def measure(folder: Path, profile: Path | None) -> tuple[list[dict[str, An
         if profile is not None:
             for batch in (1, 32):
                 await profiled(
-                    lambda b=batch: asyncio.gather(*[one(f"p{b}-{i}", 48) for i in range(b)]), batch, profile
+                    engine,
+                    lambda b=batch: asyncio.gather(*[one(f"p{b}-{i}", 48) for i in range(b)]),
+                    batch,
+                    profile,
                 )
     finally:
         await engine.shutdown()
     return rows, load_s
 
 
-async def profiled(run: Any, batch: int, out: Path) -> None:
-    """One batch under the profiler: operator tables and the device-busy share of the wall time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
+async def profiled(engine: Any, run: Any, batch: int, out: Path) -> None:
+    """One batch under the engine core's profiler (:mod:`lmforge.engines.lmi_dist.profiling`):
+    operator tables and the device-busy share of the wall time."""
     out.mkdir(parents=True, exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-        t0 = time.perf_counter()
-        await run()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events)
-    busy = device_us / 1e6 / wall
+    await engine.start_profile()
+    await run()
+    summary = await engine.stop_profile(out / f"profile-b{batch}.txt")
     print(
-        f"profile batch {batch}: wall {wall:.2f} s, device busy {device_us / 1e6:.3f} s ({busy:.1%})",
+        f"profile batch {batch}: wall {summary['wall_s']:.2f} s, device busy "
+        f"{summary['device_busy_s']:.3f} s ({summary['busy_share']:.1%}), "
+        f"{summary['kernel_launches']} kernel launches",
         flush=True,
-    )
-    stacks = prof.key_averages(group_by_stack_n=6)
-    summary = {"batch": batch, "wall_s": wall, "device_busy_s": device_us / 1e6, "busy_share": busy}
-    (out / f"profile-b{batch}.txt").write_text(
-        "\n\n".join(
-            [
-                json.dumps(summary),
-                "operators by host time",
-                events.table(sort_by="self_cpu_time_total", row_limit=60),
-                "operators by device time",
-                events.table(sort_by="self_device_time_total", row_limit=40),
-                "host time by stack",
-                stacks.table(sort_by="self_cpu_time_total", row_limit=40),
-            ]
-        )
     )
 
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,6 +222,27 @@ def test_the_kv_cache_is_allocated_with_small_pages_and_huge_pages_come_back_aft
     assert _thp_enabled(engine._core.proc.pid) == "1"
 
 
+def test_the_core_profiles_its_own_steps(
+    engine: LmiDistEngine, loop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    """The profiler runs in the engine core and records the generation thread's operators (the model
+    runs there, not in the caller's thread or process); a second start while one runs, or a stop
+    without a start, is refused."""
+    from lmforge.errors import LmforgeError
+
+    loop.run_until_complete(engine.start_profile())
+    with pytest.raises(LmforgeError, match="already running"):
+        loop.run_until_complete(engine.start_profile())
+    loop.run_until_complete(collect(engine, "prof", SamplingParams(max_new_tokens=8, ignore_eos=True)))
+    summary = loop.run_until_complete(engine.stop_profile(tmp_path / "p" / "profile.txt"))
+    assert summary["wall_s"] > 0 and summary["aten_ops"] > 0
+    assert summary["device_busy_s"] == 0 or summary["busy_share"] > 0
+    table = (tmp_path / "p" / "profile.txt").read_text()
+    assert "aten::" in table and ("aten::mm" in table or "aten::linear" in table or "aten::addmm" in table)
+    with pytest.raises(LmforgeError, match="not running"):
+        loop.run_until_complete(engine.stop_profile(tmp_path / "again.txt"))
+
+
 def test_repetition_penalty_changes_greedy_output(
     engine: LmiDistEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
@@ -349,6 +371,46 @@ def test_a_schema_that_cannot_compile_is_a_400_before_any_token(
     assert err.value.field is RequestField.STRUCTURED  # from the engine core, across its pipe
     events = loop.run_until_complete(collect(engine, "after", SamplingParams(max_new_tokens=4)))
     assert events[-1].finish_reason == FinishReason.LENGTH
+
+
+def test_structured_output_without_xgrammar_is_a_400_naming_the_field(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An image without xgrammar refuses a structured-output request with a 400, not a hang."""
+    from lmforge.engines.structured import Grammars
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` now raises ImportError
+    with pytest.raises(FieldError, match="xgrammar") as err:
+        Grammars(object(), 8, [])
+    assert err.value.field is RequestField.STRUCTURED
+
+
+def test_a_grammar_that_fails_unexpectedly_ends_the_request_with_an_error(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever breaks while the core compiles a request's grammar (here: an xgrammar whose vocabulary
+    reader raises), the request ends with an error event and the engine keeps serving others."""
+    fake = tmp_path / "fake" / "xgrammar"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "class TokenizerInfo:\n"
+        "    @staticmethod\n"
+        "    def from_huggingface(*args, **kwargs):\n"
+        "        raise RuntimeError('vocabulary unreadable')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
+    broken = make_engine(tiny_model, loop)
+    try:
+        schema = StructuredOutput("json_object")
+        events = loop.run_until_complete(
+            asyncio.wait_for(collect(broken, "g", SamplingParams(max_new_tokens=4, structured=schema)), 30)
+        )
+        assert events[-1].finish_reason == FinishReason.ERROR
+        assert "vocabulary unreadable" in (events[-1].error or "")
+        plain = loop.run_until_complete(collect(broken, "after", SamplingParams(max_new_tokens=3)))
+        assert plain[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        loop.run_until_complete(broken.shutdown())
 
 
 def test_prompt_logprobs_score_the_prompt_as_the_batch_scored_its_tokens(

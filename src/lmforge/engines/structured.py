@@ -38,7 +38,14 @@ class Grammars:
     """Compiled grammars for one tokenizer, and the per-request matchers of one sampler."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_ids: list[int]) -> None:
-        import xgrammar as xgr
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise FieldError(
+                RequestField.STRUCTURED,
+                "structured output is not available on this server: the xgrammar package is not "
+                "installed (pip install 'lmforge[lmi-dist]')",
+            ) from None
 
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(

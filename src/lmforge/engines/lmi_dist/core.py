@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.lmi_dist import ipc
+from lmforge.engines.lmi_dist.profiling import CoreProfiler
 from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class Core:
         self.followers: FollowerGroup | None = None
         self.router: Any = None
         self.stopping = False
+        self.profiler = CoreProfiler()
 
     def send(self, message: Any) -> None:
         with self._send_lock:
@@ -226,6 +228,12 @@ class Core:
                     ipc.Outputs([ipc.Out(message.rid, [], [], None, ipc.REJECTED, err.message, err.param)])
                 )
                 return
+            except Exception as exc:  # never leave the request waiting for an answer
+                log.exception("lmi-dist engine core: compiling request %s's grammar failed", message.rid)
+                self.forget(message.rid)
+                reason = f"the structured-output grammar failed: {type(exc).__name__}: {exc}"
+                self.send(ipc.Outputs([ipc.Out(message.rid, [], [], None, ipc.FAILED, reason)]))
+                return
             if not track.cancelled:
                 submit()
 
@@ -247,6 +255,10 @@ class Core:
                 from lmforge.engines.lmi_dist.prompt_scores import score_prompt
 
                 value = score_prompt(self.built.model, message.args["ids"], int(message.args["top_n"]))
+            elif message.method == "profile_start":
+                self.profiler.start()
+            elif message.method == "profile_stop":
+                value = self.profiler.stop(str(message.args["path"]))
             elif lora is None:
                 raise LmforgeError("LoRA adapters are not enabled in the engine core")
             elif message.method in ("install", "preload"):

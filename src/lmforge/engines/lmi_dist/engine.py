@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
@@ -178,6 +179,18 @@ class LmiDistEngine(EngineBase):
 
     async def remove_adapter(self, adapter: LoraAdapter) -> None:
         await self._slots_or_refuse().remove(adapter)
+
+    async def start_profile(self) -> None:
+        """Start the PyTorch profiler in the engine core (:mod:`.profiling`)."""
+        assert self._core is not None
+        await self._core.call("profile_start")
+
+    async def stop_profile(self, path: str | Path) -> dict[str, Any]:
+        """Stop it, write its operator tables to ``path`` and return its summary (wall time, device-busy
+        time, kernel launches, ...)."""
+        assert self._core is not None
+        summary: dict[str, Any] = await self._core.call("profile_stop", path=str(path))
+        return summary
 
     # ------------------------------------------------------------------ requests
 
