@@ -167,16 +167,16 @@ One run on a lent {g["device"]} (torch {g["torch"]}, transformers 5.19.0 carried
 {g["new_tokens"]} new tokens, engine only. Result: `bench/results/lmi-dist-gpu-smoke.json`.
 Re-run on an H200 after the engine-core split and the lean decoder layers (the first run, on an
 H100 at commit f3dc782: 46 / 301 / 668 / 824 / 970 tok/s at concurrency 1 / 8 / 32 / 64 / 128).
-The engine's unit tests (LMI-Dist engine, LoRA on CUDA, lean layers, attention, sampler: 52 of 54)
-passed on the same machine; the two structured-output tests could not run there (no xgrammar in
-that image).
+The engine's unit tests (LMI-Dist engine, LoRA on CUDA, lean layers, attention, sampler) passed
+on the same machine; the structured-output ones (grammar masks on the device) once xgrammar was
+carried in too, since that image lacks it.
 
 {gpu_table(g)}
 
-Found on the second run: a structured-output request whose grammar failed for any reason but a bad
+Found there: a structured-output request whose grammar failed for any reason but a bad
 schema (there: xgrammar missing) waited forever, since the core's helper thread swallowed the error.
 The core now ends such a request with an error event, and a missing xgrammar is a 400 naming the
-field. Found on the first: PyTorch's cuDNN attention backend builds a new plan for every new key
+field. Found on the first GPU run: PyTorch's cuDNN attention backend builds a new plan for every new key
 length, so every decode step paid ~40 ms; LMI-Dist now excludes it (flash / memory-efficient kernels only).
 That took plain `model.generate` on the same machine from 12 to 60 tok/s and LMI-Dist from 17 to
 46 tok/s at concurrency 1. What remains at low concurrency is host time: ~960 kernel launches per
