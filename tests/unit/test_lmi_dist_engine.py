@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -385,32 +386,43 @@ def test_structured_output_without_xgrammar_is_a_400_naming_the_field(
     assert err.value.field is RequestField.STRUCTURED
 
 
-def test_a_grammar_that_fails_unexpectedly_ends_the_request_with_an_error(
-    tiny_model: Path, loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Whatever breaks while the core compiles a request's grammar (here: an xgrammar whose vocabulary
-    reader raises), the request ends with an error event and the engine keeps serving others."""
-    fake = tmp_path / "fake" / "xgrammar"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(
-        "class TokenizerInfo:\n"
-        "    @staticmethod\n"
-        "    def from_huggingface(*args, **kwargs):\n"
-        "        raise RuntimeError('vocabulary unreadable')\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
-    broken = make_engine(tiny_model, loop)
-    try:
-        schema = StructuredOutput("json_object")
-        events = loop.run_until_complete(
-            asyncio.wait_for(collect(broken, "g", SamplingParams(max_new_tokens=4, structured=schema)), 30)
-        )
-        assert events[-1].finish_reason == FinishReason.ERROR
-        assert "vocabulary unreadable" in (events[-1].error or "")
-        plain = loop.run_until_complete(collect(broken, "after", SamplingParams(max_new_tokens=3)))
-        assert plain[-1].finish_reason == FinishReason.LENGTH
-    finally:
-        loop.run_until_complete(broken.shutdown())
+@pytest.mark.parametrize(
+    ("failure", "status"),
+    [
+        (RuntimeError("vocabulary unreadable"), "failed"),  # anything: the request ends with an error
+        (FieldError(RequestField.STRUCTURED, "xgrammar is not installed"), "rejected"),  # a 400
+    ],
+)
+def test_a_grammar_that_cannot_be_built_answers_the_request(failure: Exception, status: str) -> None:
+    """Whatever breaks while the engine core builds a request's grammar (on its helper thread), the
+    frontend hears of that request, which is never submitted, and the core forgets it. (Found on a
+    GPU machine without xgrammar, where such requests waited forever.)"""
+    from types import SimpleNamespace
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist import ipc
+    from lmforge.engines.lmi_dist.core import Core
+    from lmforge.engines.lmi_dist.sampler import RequestSampler
+
+    def grammars() -> Any:
+        raise failure
+
+    sent: list[Any] = []
+    push = SimpleNamespace(send=lambda raw, copy: sent.append(ipc.from_core.decode(raw)))
+    core = Core(ServingConfig(), push)
+    submitted: list[str] = []
+    manager = SimpleNamespace(add_request=lambda *args, **kw: submitted.append(kw["request_id"]))
+    core.built = SimpleNamespace(sampler=RequestSampler(grammars), manager=manager)  # type: ignore[assignment]
+    core.router = SimpleNamespace(tracks={})
+    params = SamplingParams(max_new_tokens=4, structured=StructuredOutput("json_object"))
+    core.add(ipc.Add("r1", [1, 2, 3], ipc.encode_params(params), []))
+    core._helper.shutdown(wait=True)
+    assert submitted == [] and core.router.tracks == {}
+    [message] = sent
+    [out] = message.items
+    want = {"failed": ipc.FAILED, "rejected": ipc.REJECTED}[status]
+    assert (out.rid, out.tokens, out.status) == ("r1", [], want)
+    assert str(failure) in (out.error or "")
 
 
 def test_prompt_logprobs_score_the_prompt_as_the_batch_scored_its_tokens(
