@@ -1,12 +1,12 @@
 """The PyTorch profiler inside LMI-Dist's engine core, started and stopped on request.
 
 The model runs in the core process (:mod:`.core`), so a profiler in the server process or a benchmark
-sees none of its work. :meth:`LmiDistEngine.profile` asks the core to start the profiler (all threads:
-the steps run on transformers' generation thread) and later to stop it; the core then writes operator
-tables to the file given and returns a summary: wall time, device-busy time (the sum of the device
-kernels' time), PyTorch operators run, kernel launches and stream syncs. On CUDA,
-``device_busy_s / wall_s`` is the share of the time the GPU computes; the rest is host work it waits
-for.
+sees none of its work. ``LmiDistEngine.start_profile()`` asks the core to start the profiler (all
+threads: the steps run on transformers' generation thread) and ``stop_profile(path)`` to stop it;
+the core then writes operator tables to the file given and returns a summary: wall time, device-busy
+time (the sum of the device kernels' time), PyTorch operators run, kernel launches and stream syncs.
+On CUDA, ``device_busy_s / wall_s`` is the share of the time the GPU computes; the rest is host work
+it waits for.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class CoreProfiler:
             "device_busy_s": sum(e.self_device_time_total for e in events) / 1e6,
             "aten_ops": sum(e.count for e in events if e.key.startswith("aten::")),
             "kernel_launches": sum(e.count for e in events if e.key in _LAUNCHES),
-            "device_to_host_syncs": sum(
+            "stream_syncs": sum(
                 e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize")
             ),
         }
