@@ -1,3 +1,3 @@
-from lmforge.cli import main
+from lmforge.cli import run
 
-main()
+run()

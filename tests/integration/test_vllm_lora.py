@@ -4,8 +4,6 @@ requests batched with adapter requests stay the base model, adapters come and go
 * A real ``lmforge serve`` (vLLM in its default multiprocess mode: the model runs in vLLM's worker
   process; the server test_vllm.py uses too, ``vllm_shared`` in conftest.py) serves two adapters from
   the model folder's ``adapters/`` and one registered over HTTP.
-* :class:`VllmEngine` driven directly from this process (vLLM's ``AsyncLLM`` runs its engine core in a
-  child process, as under ``lmforge serve``): the register/remove round trip.
 * vLLM alone, without lmforge's plugin (``vllm_lora_raw.py``, run while the server starts), to show the
   upstream bug (vllm-project/vllm#49656, #48421) is still there. When a vLLM upgrade fixes it,
   ``test_upstream_bug_*`` fail and say so: then :mod:`lmforge.engines.vllm.lora_fix` can go.
@@ -13,11 +11,9 @@ requests batched with adapter requests stay the base model, adapters come and go
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
-import os
-from collections.abc import Iterator
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -141,72 +137,6 @@ def test_runtime_adapter_three_adapters_two_slots_and_remove(
     assert http_client().delete(server.url + "/adapters/a3", timeout=60).status_code == 200
 
 
-# ---------------------------------------------------------------------- one engine in this process
-
-
-class InProcess:
-    """A :class:`VllmEngine` in this process, on one event loop (vLLM's engine core: a child process)."""
-
-    def __init__(self, model: Path) -> None:
-        from lmforge.adapters.registry import AdapterRegistry
-        from lmforge.config import load_config
-        from lmforge.engines.vllm.engine import VllmEngine
-
-        self.model = model
-        self.runner = asyncio.Runner()
-        resolved = load_config(model)
-        self.config = resolved.config
-        self.engine = VllmEngine(self.config, resolved.extra_options)
-        self.runner.run(self.engine.start())
-        self.registry = AdapterRegistry(self.config, self.engine)
-
-    def generate(self, prompt: str, adapter: Any, new: int = NEW) -> list[int]:
-        return self.runner.run(self.many([(prompt, adapter)], new))[0]
-
-    async def many(self, jobs: list[tuple[str, Any]], new: int = NEW) -> list[list[int]]:
-        return list(await asyncio.gather(*(self.one(f"r{i}", p, a, new) for i, (p, a) in enumerate(jobs))))
-
-    async def one(
-        self, rid: str, prompt: str, adapter: Any, new: int = NEW, started: asyncio.Event | None = None
-    ) -> list[int]:
-        from lmforge.engines.protocol import GenerationRequest, SamplingParams
-
-        request = GenerationRequest(
-            rid, prompt, SamplingParams(max_new_tokens=new, ignore_eos=True), adapter=adapter
-        )
-        ids = []
-        async for event in self.engine.generate(request):
-            assert event.error is None, event.error
-            if event.token is not None:
-                ids.append(event.token.id)
-                if started is not None:
-                    started.set()
-        return ids
-
-    def close(self) -> None:
-        self.runner.run(self.engine.shutdown())
-        self.runner.close()
-
-
-@pytest.fixture(scope="module")
-def in_process(
-    lora_model: Path,
-    vllm_env: dict[str, str],
-    server: RemoteServer,  # started first: the two engines do not compete for the 2 cores while starting
-) -> Iterator[InProcess]:
-    saved = dict(os.environ)
-    os.environ.update({**vllm_env, "OMP_NUM_THREADS": "1"})
-    try:
-        engine = InProcess(lora_model)
-        try:
-            yield engine
-        finally:
-            engine.close()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def test_upstream_bug_base_rows_get_an_adapter_without_lmforges_fix(
     served: tuple[RemoteServer, dict[str, Any]], expected: dict[tuple[str, str | None], list[int]]
 ) -> None:
@@ -259,33 +189,56 @@ def test_upstream_bug_probe_and_masked_ops_match_a_per_row_reference() -> None:
             assert torch.allclose(sliced[row, 2:8], sliced0[row, 2:8] + b[slot, 0] @ h[row], atol=1e-5)
 
 
-def test_engine_register_remove_round_trip(
-    in_process: InProcess, expected: dict[tuple[str, str | None], list[int]]
+def test_removing_an_adapter_lets_its_running_request_finish_with_it(
+    server: RemoteServer, lora_model: Path, expected: dict[tuple[str, str | None], list[int]]
 ) -> None:
-    from lmforge.errors import NotFoundError
+    """DELETE /adapters/x while a request decodes with x: that request still ends with all its tokens,
+    computed with x (vLLM drops the adapter once it is done), a base request beside it stays the
+    base model, new requests for x get a 404; the name again, from other files, serves those files."""
+    client = http_client()
+    register = {"name": "x", "src": str(lora_model / "adapters" / "a2")}
+    assert client.post(server.url + "/adapters", json=register, timeout=60).status_code == 200
+    assert generate(server.url, PROMPTS[0], "x") == expected[(PROMPTS[0], "a2")]
 
-    eng = in_process
-    a2 = eng.runner.run(eng.registry.register("x", str(eng.model / "adapters" / "a2")))
-    assert eng.generate(PROMPTS[0], a2) == expected[(PROMPTS[0], "a2")]
+    decoding = threading.Event()
+    long = 300
 
-    async def remove_while_running() -> tuple[list[int], list[int]]:
-        started = asyncio.Event()
-        running = asyncio.create_task(eng.one("long", PROMPTS[3], a2, new=300, started=started))
-        base = asyncio.create_task(eng.one("base", PROMPTS[3], None, new=300))
-        await started.wait()  # the adapter request is decoding
-        assert not running.done()
-        await eng.registry.remove("x")  # returns once the running request is done with the adapter
-        assert running.done()
-        return await running, await base
+    def stream(adapter: str | None) -> list[int]:
+        body: dict[str, object] = {
+            "inputs": PROMPTS[3],
+            "parameters": {"max_new_tokens": long, "ignore_eos_token": True},
+            "stream": True,
+        }
+        if adapter is not None:
+            body["adapters"] = adapter
+        ids = []
+        with client.stream("POST", server.url + "/invocations", json=body, timeout=120) as resp:
+            assert resp.status_code == 200, resp.read()
+            for line in resp.iter_lines():
+                if line:
+                    ids.append(json.loads(line)["token"]["id"])
+                    if adapter is not None:
+                        decoding.set()
+        return ids
 
-    with_adapter, base = eng.runner.run(remove_while_running())
-    assert with_adapter[:NEW] == expected[(PROMPTS[3], "a2")]  # finished with the adapter it started with
-    assert base[:NEW] == expected[(PROMPTS[3], None)]
-    with pytest.raises(NotFoundError, match="'x'"):
-        eng.generate(PROMPTS[0], a2)  # the removed adapter object itself is refused by the engine
-    # same name, other weights: a new adapter id, so never the removed adapter's cached or slot weights
-    a3 = eng.runner.run(eng.registry.register("x", str(eng.model.parent / "extra" / "a3")))
-    assert a3.int_id != a2.int_id
-    outs = eng.runner.run(eng.many([(PROMPTS[0], a3), (PROMPTS[1], None), (PROMPTS[2], a3)]))
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(stream, "x")
+        base = pool.submit(stream, None)
+        assert decoding.wait(120), "the adapter request never started decoding"
+        assert not running.done()  # removed mid-request (else this test would prove nothing)
+        removed = client.delete(server.url + "/adapters/x", timeout=120)
+        assert removed.status_code == 200, removed.text
+        with_adapter, base_ids = running.result(timeout=120), base.result(timeout=120)
+    assert len(with_adapter) == long and with_adapter[:NEW] == expected[(PROMPTS[3], "a2")]
+    assert len(base_ids) == long and base_ids[:NEW] == expected[(PROMPTS[3], None)]
+    gone = client.post(server.url + "/invocations", json={"inputs": "x", "adapters": "x"}, timeout=30)
+    assert gone.status_code == 404 and "'x'" in gone.json()["message"]
+
+    # same name, other weights (a3): never the removed adapter's cached or slot weights
+    register = {"name": "x", "src": str(lora_model.parent / "extra" / "a3")}
+    assert client.post(server.url + "/adapters", json=register, timeout=60).status_code == 200
+    jobs = [(PROMPTS[0], "x"), (PROMPTS[1], None), (PROMPTS[2], "x")]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: generate(server.url, *job), jobs))
     assert outs == [expected[(PROMPTS[0], "a3")], expected[(PROMPTS[1], None)], expected[(PROMPTS[2], "a3")]]
-    eng.runner.run(eng.registry.remove("x"))
+    assert client.delete(server.url + "/adapters/x", timeout=60).status_code == 200

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "artifacts": 0,
     "client": 0,
     "models": 0,
+    "process": 0,
     # LoRA adapters as data and checks
     "adapters": 1,
     # the engine protocol and the backends

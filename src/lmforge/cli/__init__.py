@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import click
 
 from lmforge import __version__
@@ -44,6 +46,14 @@ def _register() -> None:
     main.add_command(compile_command)
     main.add_command(image_uri_command)
     main.add_command(bench_command)
+
+
+def run() -> NoReturn:
+    """The ``lmforge`` command: :func:`main`, then a process exit without the interpreter's teardown
+    (:mod:`lmforge.process`)."""
+    from lmforge.process import run_main
+
+    run_main(main)
 
 
 _register()

@@ -173,4 +173,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from lmforge.process import run_main
+
+    run_main(main)

@@ -30,7 +30,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
 _WATCH_EVERY_S = 0.25
-_SHUTDOWN_WAIT_S = 15.0
+#: How long :meth:`CoreProcess.close` lets the core stop by itself before it is killed. A draining
+#: server stops its engine 5 s before ``SERVING_SHUTDOWN_TIMEOUT`` (``END_IN_FLIGHT_MARGIN_S``) and
+#: must be gone by then, so the polite stop has to fit well inside those 5 s even on a loaded host
+#: (an idle core stops in well under a second; a killed one loses nothing, and its tensor-parallel
+#: ranks follow it within a second).
+_SHUTDOWN_WAIT_S = 3.0
 
 
 class CoreStartError(LmforgeError):
@@ -177,6 +182,8 @@ class CoreProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     await asyncio.to_thread(proc.wait, _SHUTDOWN_WAIT_S)
             if proc.poll() is None:
+                if not kill:
+                    log.warning("lmi-dist engine core still running after %.0f s: killed", _SHUTDOWN_WAIT_S)
                 proc.kill()
                 await asyncio.to_thread(proc.wait)
         for task in self._tasks:

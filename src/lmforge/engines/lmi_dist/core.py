@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -345,4 +344,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from lmforge.process import run_main
+
+    run_main(main)

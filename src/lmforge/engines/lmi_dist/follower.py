@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 
 def main() -> int:
@@ -29,4 +28,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from lmforge.process import run_main
+
+    run_main(main)

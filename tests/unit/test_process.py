@@ -1,0 +1,61 @@
+"""lmforge.process: an entry point's exit keeps what a normal exit does (status, atexit handlers,
+buffered output, temporary folders) and skips the interpreter's teardown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """
+import atexit, logging, sys, tempfile
+from pathlib import Path
+from lmforge.process import run_main
+
+def main():
+    keep = tempfile.TemporaryDirectory(dir={tmp!r})  # removed by its finalizer, an atexit hook
+    Path(keep.name, "f").write_text("x")
+    atexit.register(lambda: print("atexit ran", file=sys.stderr))
+    logging.basicConfig(stream=sys.stderr, format="%(message)s")
+    logging.getLogger("t").warning("logged")
+    sys.stdout.write("buffered, no newline")
+    {end}
+
+run_main(main)
+print("not reached")
+"""
+
+
+def run(tmp_path: Path, end: str) -> subprocess.CompletedProcess[str]:
+    code = textwrap.dedent(SCRIPT).format(tmp=str(tmp_path), end=end)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "message"),
+    [
+        ("return 3", 3, ""),
+        ("return None", 0, ""),
+        ("sys.exit(4)", 4, ""),
+        ("sys.exit('bad input')", 1, "bad input"),
+    ],
+)
+def test_status_output_atexit_and_temporary_folders_as_a_normal_exit(
+    tmp_path: Path, end: str, status: int, message: str
+) -> None:
+    proc = run(tmp_path, end)
+    assert proc.returncode == status, proc.stderr
+    assert proc.stdout == "buffered, no newline"
+    assert "atexit ran" in proc.stderr and "logged" in proc.stderr
+    assert message in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_exception_still_ends_with_its_traceback(tmp_path: Path) -> None:
+    proc = run(tmp_path, "raise ValueError('boom')")
+    assert proc.returncode == 1
+    assert "ValueError: boom" in proc.stderr and "atexit ran" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
