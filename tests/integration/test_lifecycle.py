@@ -1,4 +1,5 @@
-"""Server lifecycle and limits, each on its own server process."""
+"""Server lifecycle and limits: each test that stops, breaks or configures a server its own way gets its
+own server process; the tests of a server's limits share one whose start they observe."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,11 +23,38 @@ from tests.conftest import Reference
 pytestmark = pytest.mark.integration
 
 
-def test_ping_is_not_200_before_the_model_is_loaded(tiny_model: Path) -> None:
-    srv = RemoteServer(tiny_model, wait_ready=False).start()
+@dataclass
+class Limited:
+    """One server for the tests of a server's limits (started here, so that its start is observed):
+    one batch slot, a job queue of one, and a model whose generation_config lists a second EOS id
+    that greedy decoding of ``"def "`` reaches (``ids``, the greedy tokens without EOS, and
+    ``stop_id``)."""
+
+    srv: RemoteServer
+    ids: list[int]
+    stop_id: int
+    pings: list[int] = field(default_factory=list)
+    """/ping statuses seen from the first answer until 200."""
+    refused: list[httpx.Response] = field(default_factory=list)
+    """/invocations answers other than 200 while the model was loading."""
+
+
+@pytest.fixture(scope="module")
+def limited(
+    tiny_model: Path, reference: Reference, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Limited]:
+    ids, _ = reference.greedy("def ", 12, eos=False)
+    stop_id = ids[5]
+    model = with_properties(
+        tiny_model, tmp_path_factory.mktemp("limited") / "m", **{"option.max_rolling_batch_size": "1"}
+    )
+    gen = json.loads((model / "generation_config.json").read_text())
+    base = gen["eos_token_id"]
+    gen["eos_token_id"] = [base, stop_id] if isinstance(base, int) else [*base, stop_id]
+    (model / "generation_config.json").write_text(json.dumps(gen))
+    srv = RemoteServer(model, env={"SERVING_JOB_QUEUE_SIZE": "1"}, wait_ready=False).start()
     try:
-        seen: list[int] = []
-        refused = 0
+        state = Limited(srv, ids, stop_id)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
@@ -31,23 +62,28 @@ def test_ping_is_not_200_before_the_model_is_loaded(tiny_model: Path) -> None:
             except httpx.HTTPError:
                 time.sleep(0.02)
                 continue
-            seen.append(status)
+            state.pings.append(status)
             if status == 200:
                 break
-            assert status == 503
-            # While loading, invocations are refused with 503 too (unless loading just finished).
             resp = http_client().post(srv.url + "/invocations", json={"inputs": "x"}, timeout=30)
-            if resp.status_code != 200:
-                assert resp.status_code == 503
-                assert resp.json()["type"] == "not_ready"
-                assert "Retry-After" in resp.headers
-                refused += 1
+            if resp.status_code != 200:  # (unless loading just finished)
+                state.refused.append(resp)
             time.sleep(0.05)
-        assert seen[-1] == 200
-        assert 503 in seen, "the port answers before the model is loaded, with 503"
-        assert refused > 0
+        srv.wait_for_ping(200, 30)  # (its log in the error, if it never got there)
+        yield state
     finally:
         srv.stop()
+
+
+def test_ping_is_not_200_before_the_model_is_loaded(limited: Limited) -> None:
+    assert limited.pings[-1] == 200
+    assert set(limited.pings) == {503, 200}, "the port answers before the model is loaded, with 503"
+    # while loading, invocations are refused with 503 too, saying so
+    assert limited.refused
+    for resp in limited.refused:
+        assert resp.status_code == 503
+        assert resp.json()["type"] == "not_ready"
+        assert "Retry-After" in resp.headers
 
 
 def test_model_that_fails_to_load_exits_nonzero(tmp_path: Path) -> None:
@@ -90,65 +126,43 @@ def with_properties(src: Path, dst: Path, **props: str) -> Path:
     return dst
 
 
-def test_queue_full_gets_503_with_retry_after(tiny_model: Path, tmp_path: Path) -> None:
-    model = with_properties(tiny_model, tmp_path / "m", **{"option.max_rolling_batch_size": "1"})
-    with RemoteServer(model, env={"SERVING_JOB_QUEUE_SIZE": "1"}) as srv:
-        body = {"inputs": "def ", "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}}
+def test_queue_full_gets_503_with_retry_after(limited: Limited) -> None:
+    srv = limited.srv
+    body = {"inputs": "def ", "parameters": {"max_new_tokens": 900, "ignore_eos_token": True}}
 
-        def one(_: int) -> httpx.Response:
-            return http_client().post(srv.url + "/invocations", json=body, timeout=120)
+    def one(_: int) -> httpx.Response:
+        return http_client().post(srv.url + "/invocations", json=body, timeout=120)
 
-        with ThreadPoolExecutor(6) as pool:
-            responses = list(pool.map(one, range(6)))
-        codes = sorted(r.status_code for r in responses)
-        assert codes.count(200) >= 2, codes  # the running one and the queued one finish
-        rejected = [r for r in responses if r.status_code == 503]
-        assert rejected, codes
-        for r in rejected:
-            assert r.headers["Retry-After"] == "1"
-            assert r.json()["type"] == "overloaded"
-        for r in responses:
-            if r.status_code == 200:
-                assert len(r.json()["generated_text"]) > 0
+    with ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(one, range(6)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) >= 2, codes  # the running one and the queued one finish
+    rejected = [r for r in responses if r.status_code == 503]
+    assert rejected, codes
+    for r in rejected:
+        assert r.headers["Retry-After"] == "1"
+        assert r.json()["type"] == "overloaded"
+    for r in responses:
+        if r.status_code == 200:
+            assert len(r.json()["generated_text"]) > 0
 
 
-def test_eos_finish_reason(tiny_model: Path, reference: Reference, tmp_path: Path) -> None:
+def test_eos_finish_reason(limited: Limited) -> None:
     """A model whose generation_config lists a second EOS id that greedy decoding reaches."""
-    ids, _ = reference.greedy("def ", 12, eos=False)
-    stop_id = ids[5]
-    first = ids.index(stop_id)
-    model = tmp_path / "eos-model"
-    shutil.copytree(tiny_model, model)
-    gen = json.loads((model / "generation_config.json").read_text())
-    base = gen["eos_token_id"]
-    gen["eos_token_id"] = [base, stop_id] if isinstance(base, int) else [*base, stop_id]
-    (model / "generation_config.json").write_text(json.dumps(gen))
-    with RemoteServer(model) as srv:
-        out = (
-            http_client()
-            .post(
-                srv.url + "/invocations",
-                json={"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True}},
-                timeout=60,
-            )
-            .json()
-        )
-        assert out["details"]["finish_reason"] == "eos_token"
-        assert [t["id"] for t in out["details"]["tokens"]] == ids[: first + 1]
-        ignored = (
-            http_client()
-            .post(
-                srv.url + "/invocations",
-                json={
-                    "inputs": "def ",
-                    "parameters": {"max_new_tokens": 12, "details": True, "ignore_eos_token": True},
-                },
-                timeout=60,
-            )
-            .json()
-        )
-        assert ignored["details"]["finish_reason"] == "length"
-        assert ignored["details"]["generated_tokens"] == 12
+    first = limited.ids.index(limited.stop_id)
+
+    def details(**parameters: object) -> dict[str, Any]:
+        body = {"inputs": "def ", "parameters": {"max_new_tokens": 12, "details": True, **parameters}}
+        resp = http_client().post(limited.srv.url + "/invocations", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json()["details"])
+
+    out = details()
+    assert out["finish_reason"] == "eos_token"
+    assert [t["id"] for t in out["tokens"]] == limited.ids[: first + 1]
+    ignored = details(ignore_eos_token=True)
+    assert ignored["finish_reason"] == "length"
+    assert ignored["generated_tokens"] == 12
 
 
 MODEL_PY = """

@@ -201,7 +201,14 @@ class ContainerEngine:
         self._run(args, echo=echo, stdin=password, what=f"logging in to {registry}")
 
     def push(self, ref: str, *, insecure: bool, echo: Echo) -> None:
-        self._run(["push", *self._tls(insecure), ref], echo=echo, capture=False, what=f"pushing {ref}")
+        """Push ``ref``. To a registry on loopback (the local ECR), podman compresses the layers with
+        zstd rather than gzip: the same image (same layers and config once decompressed, so the same
+        image id), at a fraction of the CPU (about 20 CPU-s of gzip for the 1.2 GB cpu image here)
+        for bytes that never leave the machine. A real registry gets gzip, which every runtime reads."""
+        args = ["push", *self._tls(insecure)]
+        if insecure and self.kind == "podman":
+            args += ["--compression-format", "zstd"]
+        self._run([*args, ref], echo=echo, capture=False, what=f"pushing {ref}")
 
     def pull(self, ref: str, *, insecure: bool, timeout: float | None = None) -> None:
         args = ["pull", *self._tls(insecure)]
