@@ -129,22 +129,22 @@ _SHARED_GROUPS = {
 
 
 #: Seconds a group took on one worker here (sum of ``--durations=0``, ``make test``'s 2 workers on 2
-#: cores): the scheduler hands out the heaviest group left first, so the long groups start early and
-#: the small files fill the gaps at the end (xdist's own order, most tests first, started the slowest
-#: groups last: 11 min 29 s, against 10 min 22 s in this order). Only the order depends on these
-#: numbers; a file missing here weighs a tenth of a second per test.
+#: cores, 7 min 13 s in all): the scheduler hands out the heaviest group left first, so the long
+#: groups start early and the small files fill the gaps at the end (xdist's own order, most tests
+#: first, started the slowest groups last and took a minute longer when measured). Only the order
+#: depends on these numbers; a file missing here weighs a tenth of a second per test.
 _GROUP_SECONDS = {
-    "local-sagemaker": 300,
-    "smollm2": 235,
-    "image": 135,
-    "vllm": 135,
-    "tests/integration/test_load.py": 110,
-    "tests/integration/test_lifecycle.py": 57,
-    "tiny-server": 75,
-    "tests/integration/test_trtllm_pytorch.py": 26,
-    "tests/unit/test_lmi_dist_engine.py": 26,
-    "tests/integration/test_trtllm_fake.py": 22,
-    "tests/integration/test_container_entrypoint.py": 16,
+    "local-sagemaker": 236,
+    "smollm2": 178,
+    "image": 91,
+    "vllm": 78,
+    "tests/integration/test_load.py": 78,
+    "tiny-server": 50,
+    "tests/integration/test_lifecycle.py": 26,
+    "tests/integration/test_trtllm_pytorch.py": 20,
+    "tests/unit/test_lmi_dist_engine.py": 19,
+    "tests/integration/test_trtllm_fake.py": 16,
+    "tests/integration/test_container_entrypoint.py": 12,
 }
 
 

@@ -274,8 +274,16 @@ def test_ecr_push_logs_in_where_ecr_says_with_the_password_on_stdin(
     assert lines[login] == "ARGV login --tls-verify=false --username AWS --password-stdin 127.0.0.1:5999"
     assert lines[login + 1] == "STDIN s3cret-token"  # the password goes through stdin, never argv
     assert "ARGV tag lmforge/cpu:1.0 127.0.0.1:5999/lmforge-cpu:1.0" in lines
-    assert "ARGV push --tls-verify=false 127.0.0.1:5999/lmforge-cpu:1.0" in lines
+    # the local ECR (plain HTTP on loopback) gets zstd layers; a real registry, gzip (podman's default)
+    assert "ARGV push --tls-verify=false --compression-format zstd 127.0.0.1:5999/lmforge-cpu:1.0" in lines
     assert not any("s3cret" in n for n in notes)
+    podman.push(
+        "123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge-cpu:1.0", insecure=False, echo=notes.append
+    )
+    assert (
+        log.read_text().splitlines()[-1]
+        == "ARGV push 123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge-cpu:1.0"
+    )
 
 
 def test_pip_settings_become_build_secrets_and_local_folders_are_served(tmp_path: Path) -> None:
