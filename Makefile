@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`).
-# Two pytest-xdist workers: the suite mostly waits on server processes, containers and the image
-# build; tests that share a server stay on one worker, and the heaviest group left starts first
-# (tests/conftest.py names the groups and their weights). A third worker measured no faster here.
-TEST_WORKERS ?= 2
+# pytest-xdist workers: the suite is CPU-bound here (mostly processes starting: servers, engine cores,
+# vLLM, the image build); tests that share a server stay on one worker, and the heaviest group left
+# starts first (tests/conftest.py names the groups and their weights). On 2 cores, 2 workers left
+# the CPU ~10 % idle (7 min 13 s, cold); 3 workers keep it busy (6 min 49 s and 6 min 52 s).
+TEST_WORKERS ?= 3
 # Every server, engine core and CLI a test starts imports lmforge: its bytecode is compiled once here
 # rather than in each of those ~250 processes wherever PYTHONDONTWRITEBYTECODE is set (this
 # workplace sets it): 0.1-0.2 CPU-s per process.

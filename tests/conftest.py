@@ -112,7 +112,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 #: Test files that share an expensive server or build, kept on one pytest-xdist worker by ``make test``
-#: (``-n 2 --dist loadscope``); any other file is a group of its own (its module-scoped servers).
+#: (``-n 3 --dist loadscope``); any other file is a group of its own (its module-scoped servers).
 _SHARED_GROUPS = {
     "tests/integration/test_vllm.py": "vllm",
     "tests/integration/test_vllm_lora.py": "vllm",
@@ -128,8 +128,8 @@ _SHARED_GROUPS = {
 }
 
 
-#: Seconds a group took on one worker here (sum of ``--durations=0``, ``make test``'s 2 workers on 2
-#: cores, 7 min 13 s in all): the scheduler hands out the heaviest group left first, so the long
+#: Seconds a group took on one worker here (sum of ``--durations=0``, 2 workers on 2 cores, 7 min 13 s
+#: in all): the scheduler hands out the heaviest group left first, so the long
 #: groups start early and the small files fill the gaps at the end (xdist's own order, most tests
 #: first, started the slowest groups last and took a minute longer when measured). Only the order
 #: depends on these numbers; a file missing here weighs a tenth of a second per test.
