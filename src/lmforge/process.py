@@ -2,9 +2,9 @@
 
 A process that imported torch and transformers holds several hundred thousand Python objects. At a
 normal exit CPython's finalization runs a last full garbage collection over all of them and then
-tears the modules down one by one: 1 to 1.7 CPU-seconds for every engine core, model server and
-CLI command that loaded a model (py-spy ``--native`` on this 2-core machine: nearly all of it in
-``gc_collect_main``), work that frees memory the kernel is about to take back anyway.
+tears the modules down one by one: about a CPU-second for every engine core (1 to 1.7 on this
+2-core machine; py-spy ``--native``: nearly all of it in ``gc_collect_main``), less for a server or
+a CLI command, work that frees memory the kernel is about to take back anyway.
 
 The entry points (``python -m lmforge``, the engine core and its ranks, the container entrypoint,
 the local SageMaker) therefore finish their own work, then call :func:`exit_process`: it runs the
