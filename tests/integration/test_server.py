@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import socket
 import threading
 import time
@@ -247,8 +248,12 @@ def test_body_too_large_is_413(server: RemoteServer) -> None:
     assert resp.json()["type"] == "payload_too_large"
 
 
-def test_sigterm_drains_and_exits_zero(tiny_model: Path) -> None:
-    srv = RemoteServer(tiny_model).start()
+def test_ctrl_c_to_the_process_group_drains_and_exits_zero(tiny_model: Path) -> None:
+    """SIGINT to the server's whole process group, engine core included (Ctrl-C in a terminal; systemd
+    and ``timeout`` do the same with SIGTERM): the server drains, the core keeps generating until the
+    server tells it to stop, and everything exits cleanly. (SIGTERM to the server alone, SageMaker's
+    way: test_load.py under load, tests/image inside the image.)"""
+    srv = RemoteServer(tiny_model, own_group=True).start()
     body = {"inputs": "def ", "parameters": {"max_new_tokens": 300, "ignore_eos_token": True}, "stream": True}
     got: list[bytes] = []
 
@@ -258,11 +263,14 @@ def test_sigterm_drains_and_exits_zero(tiny_model: Path) -> None:
     t = threading.Thread(target=reader)
     t.start()
     time.sleep(0.3)
-    code = srv.stop()
+    code = srv.stop(signal.SIGINT, group=True)
     t.join(30)
     assert code == 0, srv.logs()
     assert len(got) == 300
     assert json.loads(got[-1])["details"] is None
+    logs = srv.logs()
+    assert "Traceback" not in logs and "KeyboardInterrupt" not in logs, logs
+    assert "killed" not in logs and "engine core failed" not in logs, logs  # stopped by the server
 
 
 # ---------------------------------------------------------------- bidirectional streaming (WebSocket)

@@ -64,13 +64,17 @@ class RemoteServer:
         env: dict[str, str] | None = None,
         wait_ready: bool = True,
         startup_timeout: float = 180.0,
+        own_group: bool = False,
     ) -> None:
+        """``own_group``: the server leads a process group of its own (its engine processes in it), so
+        that :meth:`stop` can signal the whole group, as Ctrl-C in a terminal or systemd does."""
         self.model_dir = model_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **TEST_ENV, **(env or {})}
         self.wait_ready = wait_ready
         self.startup_timeout = startup_timeout
+        self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = model_dir.parent / f"server-{self.port}.log"
 
@@ -84,6 +88,7 @@ class RemoteServer:
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=self.own_group,
         )
         if self.wait_ready:
             self.wait_for_ping(200, self.startup_timeout)
@@ -120,11 +125,17 @@ class RemoteServer:
             return self.log_path.read_text(errors="replace")[-6000:]
         return ""
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int | None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0, *, group: bool = False) -> int | None:
+        """Send ``sig`` to the server (to its whole process group with ``group``, which needs
+        ``own_group``), wait for it to exit (killed after ``timeout``); its exit status."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if group:
+                assert self.own_group, "signal a group only where the server leads its own"
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -311,11 +312,22 @@ class Core:
         self._helper.shutdown(wait=False, cancel_futures=True)
 
 
+def ignore_stop_signals() -> None:
+    """SIGINT and SIGTERM are the server's to act on, not this process's: the server drains its
+    in-flight requests, then sends :class:`.ipc.Shutdown` (or kills a core that does not stop), and a
+    core whose server is gone exits by itself. The same signal sent to the whole process group (Ctrl-C
+    in a terminal, ``timeout``, systemd stopping the unit's control group) would otherwise end the
+    engine under the requests the server is draining. A tensor-parallel rank inherits the setting."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def main() -> int:
     import zmq
 
     from lmforge.config import ServingConfig
 
+    ignore_stop_signals()
     logging.basicConfig(
         level=os.environ.get("LMFORGE_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -8,12 +8,14 @@ import os
 
 def main() -> int:
     from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.core import ignore_stop_signals
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
     from lmforge.engines.lmi_dist.loading import build
 
     logging.basicConfig(
         level=logging.WARNING, format=f"rank {os.environ.get('RANK')} %(levelname)s %(message)s"
     )
+    ignore_stop_signals()  # inherited from rank 0 already; this rank ends when rank 0 does
     config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
     parent = os.getppid()
     built = build(config)
