@@ -1,4 +1,5 @@
-"""How lmforge's processes end: their own clean-up, then no interpreter teardown.
+"""How lmforge's processes end (their own clean-up, then no interpreter teardown), and how a long-lived
+one keeps its start-up heap out of the garbage collector's way (:func:`freeze_startup_heap`).
 
 A process that imported torch and transformers holds several hundred thousand Python objects. At a
 normal exit CPython's finalization runs a last full garbage collection over all of them and then
@@ -19,10 +20,22 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+
+def freeze_startup_heap() -> None:
+    """Collect once, then move every object left (modules, weights' Python wrappers, the tokenizer,
+    the engine's state: what lives as long as the process) out of the garbage collector's view
+    (:func:`gc.freeze`). A full collection while serving then walks only what serving made, not the
+    start-up heap: the server's full collections were ~40 ms pauses of its event loop every ~15 s at
+    32 concurrent streams, and an engine core's start-up heap (~390 000 objects) takes ~180 ms to
+    walk, a pause of the generation loop. For the end of a process's start-up, once."""
+    gc.collect()
+    gc.freeze()
 
 
 def exit_code(code: object) -> int:

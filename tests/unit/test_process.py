@@ -59,3 +59,26 @@ def test_an_exception_still_ends_with_its_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "ValueError: boom" in proc.stderr and "atexit ran" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_freeze_startup_heap_collects_cycles_then_hides_the_rest_from_the_collector() -> None:
+    code = textwrap.dedent(
+        """
+        import gc, weakref
+        from lmforge.process import freeze_startup_heap
+
+        class Node:
+            pass
+
+        live = [Node() for _ in range(1000)]  # what start-up keeps
+        cycle = Node(); cycle.me = cycle; dead = weakref.ref(cycle); del cycle  # start-up's garbage
+        gc.disable()
+        freeze_startup_heap()
+        assert dead() is None, "cyclic garbage was frozen instead of collected"
+        assert gc.get_freeze_count() >= len(live)
+        assert not any(o is live for o in gc.get_objects())  # a full collection no longer walks it
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -56,6 +56,9 @@ class App:
         self.state = state
         self.started = time.time()
         self.on_load_failure: Any = None
+        self.on_loaded: Any = None
+        """Called once the model is loaded, before the server reports ready (the process's owner:
+        ``lmforge.process.freeze_startup_heap``)."""
         self.on_engine_death: Any = None
         """Called once with the cause, ENGINE_DEATH_EXIT_AFTER_S after the engine was found dead."""
         self._load_task: asyncio.Task[None] | None = None
@@ -76,6 +79,8 @@ class App:
             if self.on_load_failure is not None:
                 self.on_load_failure(self.state.detail)
             return
+        if self.on_loaded is not None:
+            self.on_loaded()
         self.state.phase = Phase.READY
         self.state.detail = "ready"
         log.info("model loaded in %.1f s; serving with handler %s", time.monotonic() - t0, self.handler.name)

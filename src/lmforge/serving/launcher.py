@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lmforge.process import freeze_startup_heap
 from lmforge.serving.app import App
 from lmforge.serving.state import Phase, ServerState
 
@@ -131,6 +132,7 @@ def serve(
         server.should_exit = True
 
     app.on_load_failure = on_load_failure
+    app.on_loaded = freeze_startup_heap  # this process serves from now on: its start-up heap is for good
     app.on_engine_death = on_load_failure
 
     async def main() -> None:

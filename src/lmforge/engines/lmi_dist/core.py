@@ -116,6 +116,7 @@ class Core:
     def load(self) -> None:
         from lmforge.engines.lmi_dist.distributed import FollowerGroup, tensor_parallel_size
         from lmforge.engines.lmi_dist.loading import build
+        from lmforge.process import freeze_startup_heap
 
         world = tensor_parallel_size(self.config)
         if world > 1:
@@ -131,6 +132,7 @@ class Core:
         built.manager.output_router = self.router
         if built.manager.batch_processor is not None:  # made by the warm-up; start() reuses it
             built.manager.batch_processor.output_router = self.router
+        freeze_startup_heap()
         built.manager.start()
         self.built = built
         plan = asdict(built.plan)

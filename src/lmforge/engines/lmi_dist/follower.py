@@ -11,6 +11,7 @@ def main() -> int:
     from lmforge.engines.lmi_dist.core import ignore_stop_signals
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
     from lmforge.engines.lmi_dist.loading import build
+    from lmforge.process import freeze_startup_heap
 
     logging.basicConfig(
         level=logging.WARNING, format=f"rank {os.environ.get('RANK')} %(levelname)s %(message)s"
@@ -19,6 +20,7 @@ def main() -> int:
     config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
     parent = os.getppid()
     built = build(config)
+    freeze_startup_heap()
     built.manager.start()
     thread = built.manager._generation_thread
     while thread is not None and thread.is_alive():
