@@ -157,18 +157,8 @@ def test_256_concurrent_streams_are_complete_and_equal_their_non_streamed_twins(
     peak = {"in_flight": 0.0, "running": 0.0}
 
     async def main() -> tuple[list[Any], list[Any]]:
-        # 16 clients of 32 connections rather than one of 512: httpcore's pool walks all its
-        # connections and waiting requests at every request start and end (quadratic: with one
-        # pool, 7 of this test's 9 client CPU-seconds)
-        limits = httpx.Limits(max_connections=40, max_keepalive_connections=40)
-        async with contextlib.AsyncExitStack() as stack:
-            clients = [
-                await stack.enter_async_context(
-                    httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120, connect=30))
-                )
-                for _ in range(16)
-            ]
-            client = clients[0]
+        limits = httpx.Limits(max_connections=600, max_keepalive_connections=600)
+        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120, connect=30)) as client:
             done = asyncio.Event()
 
             async def watch() -> None:
@@ -185,12 +175,9 @@ def test_256_concurrent_streams_are_complete_and_equal_their_non_streamed_twins(
             watcher = asyncio.create_task(watch())
             params = {"max_new_tokens": max_new, "details": True}
             streams = [
-                _stream(clients[i % 16], url, {"inputs": p, "parameters": params, "stream": True})
-                for i, p in enumerate(texts)
+                _stream(client, url, {"inputs": p, "parameters": params, "stream": True}) for p in texts
             ]
-            twins = [
-                _whole(clients[i % 16], url, {"inputs": p, "parameters": params}) for i, p in enumerate(texts)
-            ]
+            twins = [_whole(client, url, {"inputs": p, "parameters": params}) for p in texts]
             # interleaved, so each twin runs in a differently composed batch than its stream
             results = await asyncio.wait_for(
                 asyncio.gather(*(c for pair in zip(streams, twins, strict=True) for c in pair)), 150
