@@ -129,10 +129,10 @@ _SHARED_GROUPS = {
 
 
 #: Seconds a group took on one worker here (sum of ``--durations=0``, 2 workers on 2 cores, 7 min 13 s
-#: in all): the scheduler hands out the heaviest group left first, so the long
-#: groups start early and the small files fill the gaps at the end (xdist's own order, most tests
-#: first, started the slowest groups last and took a minute longer when measured). Only the order
-#: depends on these numbers; a file missing here weighs a tenth of a second per test.
+#: in all): the scheduler hands out the heaviest group left first, so the long groups start early and
+#: the small files fill the gaps at the end (xdist's own order, most tests first, started the slowest
+#: groups last and took a minute longer when measured). Only the order depends on these numbers; a
+#: file missing here weighs a tenth of a second per test.
 _GROUP_SECONDS = {
     "local-sagemaker": 236,
     "smollm2": 178,
