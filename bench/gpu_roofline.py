@@ -175,7 +175,9 @@ def build_model(folder: Path, shape: str, config_from: Path | None) -> dict[str,
     }
 
 
-async def measure(folder: Path, profile: Path | None) -> tuple[list[dict[str, Any]], float]:
+async def measure(
+    folder: Path, profile: Path | None, batches: tuple[int, ...] = BATCHES
+) -> tuple[list[dict[str, Any]], float]:
     from lmforge.config import load_config
     from lmforge.engines.lmi_dist.engine import LmiDistEngine
     from lmforge.engines.protocol import GenerationRequest, SamplingParams
@@ -200,7 +202,7 @@ async def measure(folder: Path, profile: Path | None) -> tuple[list[dict[str, An
     rows = []
     try:
         await asyncio.gather(*[one(f"w{i}", 8) for i in range(4)])  # warm-up
-        for batch in BATCHES:
+        for batch in batches:
             out = await asyncio.gather(*[one(f"b{batch}-{i}", NEW) for i in range(batch)])
             firsts, lasts, counts = zip(*out, strict=True)
             rate = decode_rate(list(firsts), list(lasts), list(counts))
@@ -247,7 +249,15 @@ def main() -> int:
         default=None,
         help="a folder with SmolLM2-135M's config.json and tokenizer (default: lmforge example-model)",
     )
+    parser.add_argument(
+        "--batches",
+        default=",".join(map(str, BATCHES)),
+        help=f"decode batch sizes to measure, comma-separated (at most {max(BATCHES)})",
+    )
     args = parser.parse_args()
+    batches = tuple(int(b) for b in args.batches.split(","))
+    if not batches or min(batches) < 1 or max(batches) > max(BATCHES):
+        parser.error(f"--batches: sizes from 1 to {max(BATCHES)}")
     try:
         import torch
     except ImportError:
@@ -266,7 +276,7 @@ def main() -> int:
             f"model: {model['params'] / 1e9:.2f} B parameters, {model['weight_bytes'] / 2**30:.2f} GiB",
             flush=True,
         )
-        rows, load_s = asyncio.run(measure(Path(tmp) / "model", args.profile))
+        rows, load_s = asyncio.run(measure(Path(tmp) / "model", args.profile, batches))
     context = mean_context(PROMPT, NEW)
     for row in rows:
         roof = roofline_tokens_per_s(

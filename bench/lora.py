@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -221,15 +222,30 @@ def main() -> None:
     parser.add_argument("--counts", default=",".join(map(str, COUNTS)), help="registered adapters per level")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="serve this model folder (config, weights, tokenizer; its serving.properties if it has one) "
+        "instead of writing --model: e.g. on a GPU machine, where the real 135 M model cannot be "
+        "fetched, a random-weight model of its shape (bench/gpu_roofline.py's build_model)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
-    name = result_name(NAME, args.model)
+    # a result of --model-dir is named after the folder (its goal is the 135 M model's: a fraction)
+    key = args.model if args.model_dir is None else args.model_dir.name
+    name = result_name(NAME, key)
     torch.set_num_threads(1)
     levels = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_model(args.model, Path(tmp) / "model")
-        # the tiny example model's LMI-Dist settings fit any model (fp32, 32 sequences, 1024 tokens)
-        (model / "serving.properties").write_text(SERVING_PROPERTIES)
+        if args.model_dir is not None:
+            model = Path(tmp) / "model"
+            shutil.copytree(args.model_dir, model)
+        else:
+            model = write_model(args.model, Path(tmp) / "model")
+        if not (model / "serving.properties").exists():
+            # the tiny example model's LMI-Dist settings fit any model (fp32, 32 sequences, 1024 tokens)
+            (model / "serving.properties").write_text(SERVING_PROPERTIES)
         all_dirs = write_adapters(model, Path(tmp) / "adapters", max(counts))
         for count in counts:
             level = asyncio.run(measure(model, all_dirs[:count], args.rounds))
@@ -250,7 +266,7 @@ def main() -> None:
     full = [lv for lv in levels if lv["mixed_resident_adapters"]["distinct"] == MAX_LORAS] or levels
     worst_fraction = max(lv["overhead_fraction_of_base_tpot"]["mixed_adapters"] for lv in full)
     targets: dict[str, float] = {"bring_in_from_host_ms": 10.0}
-    if args.model == TINY:
+    if key == TINY:
         targets["overhead_ms_per_token"] = TARGET_MS
         ratio = TARGET_MS / max(worst_overhead, 1e-3)  # >= 1 when within 1 ms per token
     else:
@@ -259,14 +275,20 @@ def main() -> None:
     command = "OMP_NUM_THREADS=1 .venv/bin/python bench/lora.py" + (
         f" --model {args.model}" if args.model != TINY else ""
     )
+    if args.model_dir is not None:
+        command += f" --model-dir {args.model_dir} --counts {args.counts} --rounds {args.rounds}"
     result = {
         "name": name,
         "command": command,
         "machine": machine(),
         "versions": versions(),
-        "model": f"{DESCRIPTIONS[args.model]}, adapters r=8 on 7 projections",
+        "model": (
+            f"{DESCRIPTIONS[args.model]}" if args.model_dir is None else f"the model in {args.model_dir}"
+        )
+        + (f" on {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
+        + ", adapters r=8 on 7 projections",
         "settings": {
-            "model_key": args.model,
+            "model_key": key,
             "new_tokens": NEW_TOKENS,
             "concurrency": CONCURRENCY,
             "max_loras": MAX_LORAS,

@@ -51,6 +51,12 @@ EXTERNAL = (
         1.0,
         "LoRA: 15 % of base TPOT / worst overhead of 8 mixed adapters, SmolLM2-135M",
     ),
+    (
+        "lora",
+        "lora-lmi-dist-smollm2-135m-shape-cuda",
+        1.0,
+        "LoRA on an H200: 15 % of base TPOT / worst overhead of 8 mixed adapters, SmolLM2-135M's shape",
+    ),
     ("sessions", "sessions-lmi-dist", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (LMI-Dist)"),
     ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
     ("routing", "routing", 1.0, "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"),
