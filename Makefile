@@ -96,6 +96,7 @@ bench-real: install
 	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py --model smollm2-135m --repeats 1
 	OMP_NUM_THREADS=1 $(BIN)/python bench/sessions.py --engine lmi-dist
 	OMP_NUM_THREADS=1 $(BIN)/python bench/lora.py --model smollm2-135m
+	OMP_NUM_THREADS=1 $(BIN)/python bench/lora_step.py
 	OMP_NUM_THREADS=1 $(BIN)/python bench/cold_start.py --model smollm2-135m
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --model smollm2-135m --rounds 3 && \

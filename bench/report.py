@@ -655,6 +655,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/cold_start.py          # --model smollm2-135m: the 135 M model (1.5 GiB KV cache)
 .venv/bin/python bench/serving_throughput.py
 .venv/bin/python bench/lora.py               # --model smollm2-135m: the 135 M model (15 % goal)
+.venv/bin/python bench/lora_step.py          # one decode step of the 135 M model with LoRA, profiled
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
 .venv/bin/python bench/engines.py            # needs vLLM
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
