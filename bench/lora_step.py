@@ -54,6 +54,7 @@ def main() -> int:
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM, StaticCache
 
+    from lmforge.adapters.validate import check_weights, read_config, scaling_of
     from lmforge.bench.results import machine, versions
     from lmforge.engines.lmi_dist import lean_layers
     from lmforge.engines.lmi_dist.cpu_linear import prepack
@@ -79,15 +80,11 @@ def main() -> int:
         lean_layers.install(model, fuse=False)  # as the engine core does with LoRA on
         prepack(model, 32)
         lora = LoraLayers(model, args.adapters)
-        modules = tuple(lora.layers())
-        for i, path in enumerate(adapter_dirs, 1):
-            config = json.loads((path / "adapter_config.json").read_text())
-            scaling = config["lora_alpha"] / config["r"]
-            targets = set(config["target_modules"])
-            ref = AdapterRef(
-                i, path.name, str(path), scaling, tuple(m for m in modules if m.rsplit(".", 1)[-1] in targets)
-            )
-            lora.install(ref)
+        for i, path in enumerate(adapter_dirs, 1):  # read as the adapter registry reads them
+            config = read_config(path, max_rank=64)
+            layers, _ = check_weights(path, config, lora.layers())
+            modules = tuple(layer.module for layer in layers)
+            lora.install(AdapterRef(i, path.name, str(path), scaling_of(config), modules))
     batches = {
         "base": [_request(0, LORA_KWARG)] * args.rows,
         "one": [_request(1, LORA_KWARG)] * args.rows,
