@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -320,23 +321,34 @@ def check_structured_output(client: openai.OpenAI, model: str, *, auto_tools: bo
         assert field in str(caught.value), (extra, str(caught.value))
 
 
-def run_vllm_bench_serve(url: str, model: str, tokenizer: Path, backend: str, endpoint: str) -> None:
-    """``vllm bench serve --backend BACKEND --ignore-eos``: vLLM's load generator sends vLLM's extras
-    (ignore_eos, stream_options) and reads SSE as from vLLM's own server; every request must succeed."""
-    pytest.importorskip("vllm.benchmarks.serve")
-    args = [
-        *("--backend", backend, "--base-url", url, "--endpoint", endpoint),
-        *("--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random"),
-        *("--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "24", "--ignore-eos"),
-    ]
+def run_vllm_bench_serve(url: str, model: str, tokenizer: Path, runs: list[tuple[str, str]]) -> list[str]:
+    """``vllm bench serve --backend BACKEND --endpoint ENDPOINT --ignore-eos`` for each of ``runs``, one
+    after the other in one process (vLLM's import is most of a run's CPU time); each run's output,
+    to be checked with :func:`check_vllm_bench_serve`."""
+    if importlib.util.find_spec("vllm") is None:  # not imported here: that costs seconds of CPU
+        pytest.skip("vllm bench serve needs the vllm extra")
+    args: list[str] = []
+    for backend, endpoint in runs:
+        args += [
+            *(["--then"] if args else []),
+            *("--backend", backend, "--base-url", url, "--endpoint", endpoint),
+            *("--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random"),
+            *("--random-input-len", "32", "--random-output-len", "16", "--num-prompts", "24", "--ignore-eos"),
+        ]
     script = Path(__file__).parent / "integration" / "vllm_bench_serve.py"
     proc = subprocess.run(
         [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=300 * len(runs),
         env={**os.environ, **VLLM_ENV},
     )
-    out = proc.stdout + proc.stderr
+    parts = re.split(r"^=== vllm bench serve run \d+ ===$", proc.stdout, flags=re.M)[1:]
+    assert proc.returncode == 0 and len(parts) == len(runs), (proc.stdout + proc.stderr)[-3000:]
+    return parts
+
+
+def check_vllm_bench_serve(out: str) -> None:
+    """Every request of a ``vllm bench serve`` run succeeded."""
     assert re.search(r"Successful requests:\s+24\b", out), out[-3000:]
     assert re.search(r"Failed requests:\s+0\b", out), out[-3000:]

@@ -3,6 +3,7 @@ tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,7 +11,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from lmforge.testing.server import RemoteServer
+
+#: Skips a module where the vllm extra is not installed. Whether vLLM is there is asked of the import
+#: system, not by importing it: ``pytest.importorskip("vllm")`` at module level imported vLLM (~3.5
+#: CPU-s) in every pytest-xdist worker's collection, where only the worker that runs these tests
+#: needs it (and the integration tests never import it: their vLLM runs in server processes).
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="the vLLM backend needs the vllm extra (make install puts it in .venv)",
+)
 
 #: The shared vLLM server's settings past VLLM_PROPERTIES: tool_choice "auto" read by vLLM's own
 #: pythonic tool parser (a name lmforge does not read itself), and LoRA with two slots for three

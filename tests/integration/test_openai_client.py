@@ -11,7 +11,13 @@ import pytest
 
 from lmforge.testing.server import RemoteServer
 from tests.conftest import Reference
-from tests.openai_checks import PROMPT, check_openai_client, check_structured_output, run_vllm_bench_serve
+from tests.openai_checks import (
+    PROMPT,
+    check_openai_client,
+    check_structured_output,
+    check_vllm_bench_serve,
+    run_vllm_bench_serve,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +41,21 @@ def test_structured_output_and_forced_tool_calls(client: openai.OpenAI) -> None:
     check_structured_output(client, "tiny")
 
 
+BENCH_RUNS = [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")]
+
+
+@pytest.fixture(scope="module")
+def vllm_bench_outputs(server: RemoteServer, tiny_model: Path) -> dict[str, str]:
+    """Both ``vllm bench serve`` runs, in one process."""
+    outputs = run_vllm_bench_serve(server.url, "tiny", tiny_model, BENCH_RUNS)
+    return {backend: out for (backend, _), out in zip(BENCH_RUNS, outputs, strict=True)}
+
+
 @pytest.mark.vllm
-@pytest.mark.parametrize(
-    ("backend", "endpoint"), [("openai-chat", "/v1/chat/completions"), ("openai", "/v1/completions")]
-)
+@pytest.mark.parametrize("backend", [backend for backend, _ in BENCH_RUNS])
 def test_vllm_bench_serve_completes_with_no_failures(
-    server: RemoteServer, tiny_model: Path, backend: str, endpoint: str
+    vllm_bench_outputs: dict[str, str], backend: str
 ) -> None:
     """``vllm bench serve --backend openai-chat|openai --ignore-eos``: vLLM's tool sends vLLM's extras
     (ignore_eos, stream_options) and reads SSE as it reads vLLM's own server."""
-    run_vllm_bench_serve(server.url, "tiny", tiny_model, backend, endpoint)
+    check_vllm_bench_serve(vllm_bench_outputs[backend])

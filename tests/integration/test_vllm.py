@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, http_client, metrics, stream_lines
-from tests.shared_vllm import SharedVllm
+from tests.shared_vllm import SharedVllm, needs_vllm
 
-pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
 MAX_TOKENS = 24

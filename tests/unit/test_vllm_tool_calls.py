@@ -14,9 +14,9 @@ import pytest
 from lmforge.errors import LmforgeError
 from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.testing.scripted import ScriptedEngine
+from tests.shared_vllm import needs_vllm
 
-pytest.importorskip("vllm", reason="vLLM's tool parsers come with the vllm extra")
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, needs_vllm]
 
 WEATHER = {
     "type": "function",
