@@ -85,6 +85,10 @@ def cpu_image(engine: Any, request: pytest.FixtureRequest) -> Iterator[BuiltImag
     labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
     yield BuiltImage(engine, tag, result, dict(labels), reused=bool(reuse))
     engine.untag(tag)
+    if not reuse:
+        from tests.image.build_cpu import remove_leftovers
+
+        remove_leftovers(engine, EarlyBuild.folder(request.config))
 
 
 class ImageRun:

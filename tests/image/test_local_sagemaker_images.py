@@ -5,6 +5,7 @@ engine, boto3 streaming from inside it, and images that cannot be had failing wi
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -26,9 +27,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def local(tmp_path_factory: pytest.TempPathFactory, cpu_image: BuiltImage) -> Iterator[dict[str, str]]:
     state = tmp_path_factory.mktemp("local-images")
     with local_sagemaker(state, "image", LMFORGE_CONTAINER_ENGINE=cpu_image.engine.kind) as env:
+        registry = re.search(r'addr: "([^"]+)"', (state / "registry" / "config.yml").read_text())
         yield env
     leftovers = cpu_image.engine.containers(f"dev.lmforge.local={state.resolve()}")
     assert leftovers == [], f"containers left after local down: {leftovers}"
+    # the pushes and pulls tagged the image with this registry's loopback address: gone with it
+    if registry:
+        names = cpu_image.engine.run_cli(["images", "--format", "{{.Repository}}:{{.Tag}}"]).stdout.split()
+        for name in names:
+            if name.startswith(registry.group(1) + "/"):
+                cpu_image.engine.untag(name)
 
 
 @pytest.fixture(scope="module")
