@@ -13,35 +13,51 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-#: in DIR: every image id in the store before the build, so that what it left can be removed after
+#: in DIR: every image id in the store before the build, and those named ``lmforge/...`` then, so that
+#: what the run left can be removed after
 IMAGES_BEFORE = "images-before.txt"
+LMFORGE_NAMED_BEFORE = "lmforge-named-before.txt"
 
 
 def image_ids(engine: Any, *, dangling: bool = False) -> list[str]:
-    """The ids of the store's images, intermediate ones included; only untagged ones with ``dangling``."""
+    """The ids of the store's images, intermediate ones included; only untagged ones with ``dangling``
+    (an intermediate image counts as dangling once no image is built on it)."""
     args = ["images", "--all", "--quiet", "--no-trunc", *(["--filter", "dangling=true"] if dangling else [])]
     proc = engine.run_cli(args)
     return sorted(set(proc.stdout.split())) if proc.returncode == 0 else []
 
 
+def lmforge_named(engine: Any) -> list[str]:
+    """The ids of the images named ``lmforge/<flavour>:...`` (what ``lmforge container build`` tags)."""
+    proc = engine.run_cli(["images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}"])
+    names = [line.split() for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+    ours = ("lmforge/", "localhost/lmforge/")
+    return sorted({f[0] for f in names if len(f) == 2 and f[1].startswith(ours)})
+
+
 def remove_leftovers(engine: Any, out: Path) -> int:
-    """Remove the untagged images that appeared since the build began (its layers, the run's image once
-    untagged, a cached rebuild's own): each test run would otherwise leave ~1.2 GB in the store. An
-    image something still uses or tags stays. Returns how many were removed."""
-    before = set((out / IMAGES_BEFORE).read_text().split()) if (out / IMAGES_BEFORE).exists() else None
-    if before is None:
+    """Remove what the run left in the image store: untagged images that appeared since the build
+    began (its layers, the run's image once untagged), an ``lmforge/...`` image that a rebuild in the
+    run (``--build-image``) took the name from, and, chain by chain, the intermediate images that only
+    those were built on. Each run left ~1.2 GB behind before. Images something still uses or names stay;
+    so do untagged images that were there before the run. Returns how many were removed."""
+    if not (out / IMAGES_BEFORE).exists():
         return 0
+    before = set((out / IMAGES_BEFORE).read_text().split())
+    named = (out / LMFORGE_NAMED_BEFORE).read_text().split() if (out / LMFORGE_NAMED_BEFORE).exists() else []
+    seen = set(image_ids(engine, dangling=True))
+    ids = {i for i in seen if i not in before or i in named}
     removed = 0
-    for _ in range(64):  # a chain goes leaf first: its parent is untagged-and-unused only after
-        ids = [i for i in image_ids(engine, dangling=True) if i not in before]
+    for _ in range(64):  # a chain goes leaf first: its parent is dangling only once its child is gone
         if not ids:
             break
-        engine.run_cli(["rmi", *ids])
-        left = set(image_ids(engine, dangling=True))
-        gone = sum(1 for i in ids if i not in left)
+        engine.run_cli(["rmi", *sorted(ids)])
+        now = set(image_ids(engine, dangling=True))
+        gone = ids - now
         if not gone:
             break
-        removed += gone
+        removed += len(gone)
+        ids, seen = now - seen, now  # the parents that the removals left unused
     return removed
 
 
@@ -53,6 +69,7 @@ def build(tag: str, out: Path) -> None:
 
     engine = detect()
     (out / IMAGES_BEFORE).write_text("\n".join(image_ids(engine)))
+    (out / LMFORGE_NAMED_BEFORE).write_text("\n".join(lmforge_named(engine)))
     if not engine.image_exists(load_flavour("cpu").base_image):
         build_base(engine, print)
     result = build_flavour("cpu", engine, lambda line: print(line, flush=True), tag=tag, no_cache=True)
