@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -324,9 +323,7 @@ def check_structured_output(client: openai.OpenAI, model: str, *, auto_tools: bo
 def run_vllm_bench_serve(url: str, model: str, tokenizer: Path, runs: list[tuple[str, str]]) -> list[str]:
     """``vllm bench serve --backend BACKEND --endpoint ENDPOINT --ignore-eos`` for each of ``runs``, one
     after the other in one process (vLLM's import is most of a run's CPU time); each run's output,
-    to be checked with :func:`check_vllm_bench_serve`."""
-    if importlib.util.find_spec("vllm") is None:  # not imported here: that costs seconds of CPU
-        pytest.skip("vllm bench serve needs the vllm extra")
+    to be checked with :func:`check_vllm_bench_serve`. Needs vLLM (mark the test ``needs_vllm``)."""
     args: list[str] = []
     for backend, endpoint in runs:
         args += [

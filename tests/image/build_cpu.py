@@ -27,12 +27,17 @@ def image_ids(engine: Any, *, dangling: bool = False) -> list[str]:
     return sorted(set(proc.stdout.split())) if proc.returncode == 0 else []
 
 
+def image_names(engine: Any) -> list[tuple[str, str]]:
+    """(id, ``repository:tag``) for every name in the store."""
+    proc = engine.run_cli(["images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}"])
+    rows = [line.split() for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+    return [(row[0], row[1]) for row in rows if len(row) == 2]
+
+
 def lmforge_named(engine: Any) -> list[str]:
     """The ids of the images named ``lmforge/<flavour>:...`` (what ``lmforge container build`` tags)."""
-    proc = engine.run_cli(["images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}"])
-    names = [line.split() for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
     ours = ("lmforge/", "localhost/lmforge/")
-    return sorted({f[0] for f in names if len(f) == 2 and f[1].startswith(ours)})
+    return sorted({image for image, name in image_names(engine) if name.startswith(ours)})
 
 
 def remove_leftovers(engine: Any, out: Path) -> int:

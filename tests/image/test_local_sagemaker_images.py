@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
 from tests.local_sagemaker import REGION, boto3_clients, lmforge, local_sagemaker
 
@@ -33,8 +34,7 @@ def local(tmp_path_factory: pytest.TempPathFactory, cpu_image: BuiltImage) -> It
     assert leftovers == [], f"containers left after local down: {leftovers}"
     # the pushes and pulls tagged the image with this registry's loopback address: gone with it
     if registry:
-        names = cpu_image.engine.run_cli(["images", "--format", "{{.Repository}}:{{.Tag}}"]).stdout.split()
-        for name in names:
+        for _, name in image_names(cpu_image.engine):
             if name.startswith(registry.group(1) + "/"):
                 cpu_image.engine.untag(name)
 

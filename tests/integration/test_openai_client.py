@@ -18,6 +18,7 @@ from tests.openai_checks import (
     check_vllm_bench_serve,
     run_vllm_bench_serve,
 )
+from tests.shared_vllm import needs_vllm
 
 pytestmark = pytest.mark.integration
 
@@ -52,6 +53,7 @@ def vllm_bench_outputs(server: RemoteServer, tiny_model: Path) -> dict[str, str]
 
 
 @pytest.mark.vllm
+@needs_vllm
 @pytest.mark.parametrize("backend", [backend for backend, _ in BENCH_RUNS])
 def test_vllm_bench_serve_completes_with_no_failures(
     vllm_bench_outputs: dict[str, str], backend: str
