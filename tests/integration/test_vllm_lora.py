@@ -4,7 +4,7 @@ requests batched with adapter requests stay the base model, adapters come and go
 * A real ``lmforge serve`` (vLLM in its default multiprocess mode: the model runs in vLLM's worker
   process; the server test_vllm.py uses too, ``vllm_shared`` in conftest.py) serves two adapters from
   the model folder's ``adapters/`` and one registered over HTTP.
-* vLLM alone, without lmforge's plugin (``vllm_lora_raw.py``, run while the server starts), to show the
+* vLLM alone, without lmforge's plugin (``vllm_reference.py``, run while the server starts), to show the
   upstream bug (vllm-project/vllm#49656, #48421) is still there. When a vLLM upgrade fixes it,
   ``test_upstream_bug_*`` fail and say so: then :mod:`lmforge.engines.vllm.lora_fix` can go.
 """
@@ -22,13 +22,14 @@ import pytest
 
 from lmforge.testing.lora import PeftReference
 from lmforge.testing.server import RemoteServer, http_client, metrics
-from tests.shared_vllm import SharedVllm, needs_vllm
+from tests.shared_vllm import RAW_LORA, SharedVllm, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
 
 PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
 NEW = 12
-RAW_PROMPTS = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # base, a1, base
+RAW_PROMPTS = RAW_LORA["prompts"]  # base, a1, base: PROMPTS[:3]
+assert PROMPTS[:3] == RAW_PROMPTS and RAW_LORA["max_tokens"] == NEW
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +51,12 @@ def expected(peft: PeftReference) -> dict[tuple[str, str | None], list[int]]:
 
 
 @pytest.fixture(scope="module")
-def served(
-    vllm_shared: SharedVllm, expected: dict[Any, list[int]], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[RemoteServer, dict[str, Any]]:
-    """The server, and (run while it starts) vLLM alone on a base + LoRA batch, before and after the fix
-    (``VLLM_PLUGINS=``: no plugin loads, so lmforge's fix does not either, until the script applies it)."""
-    root = tmp_path_factory.mktemp("vllm-lora-raw")
-    (root / "raw.json").write_text(json.dumps({"prompts": RAW_PROMPTS, "max_tokens": NEW}))
-    adapter = vllm_shared.model / "adapters" / "a1"
-    args = [str(vllm_shared.model), str(adapter), str(root / "raw.json"), str(root / "out.json")]
-    return vllm_shared.reference("vllm_lora_raw.py", args, root / "out.json", VLLM_PLUGINS="")
+def served(vllm_shared: SharedVllm) -> tuple[RemoteServer, dict[str, Any]]:
+    """The server, and (run while it starts) vLLM alone on the RAW_PROMPTS batch, before and after
+    the fix (``VLLM_PLUGINS=``: no plugin loads, so lmforge's fix does not either, until the script
+    applies it)."""
+    server, references = vllm_shared.references()
+    return server, references["lora"]
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,9 +79,17 @@ class RemoteServer:
         self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = model_dir.parent / f"server-{self.port}.log"
+        self._own_tmp = "TMPDIR" not in (env or {})
+        self._tmp: str | None = None
 
     def start(self) -> RemoteServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        if self._own_tmp:
+            # a temp dir of its own, removed in stop(): what the server and its engines leave there
+            # when a test kills them (vLLM's ZeroMQ sockets, /tmp/<uuid>, are never removed) goes too;
+            # short, as Unix socket paths must be
+            self._tmp = tempfile.mkdtemp(prefix="lmf-srv-")
+            self.env["TMPDIR"] = self._tmp
         self.proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "lmforge", "serve", str(self.model_dir)),
@@ -142,6 +152,9 @@ class RemoteServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
         return self.proc.returncode
 
     def __enter__(self) -> RemoteServer:

@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +53,7 @@ class CoreProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready: ipc.Ready | None = None
         self.dead: str | None = None
-        self._folder = tempfile.mkdtemp(prefix="lmforge-core-")
+        self._folder = ipc.socket_folder()
         self._context: Any = None
         self._push: Any = None
         self._pull: Any = None
@@ -194,7 +192,7 @@ class CoreProcess:
         if self._context is not None:
             self._context.term()
         self._push = self._pull = self._context = None
-        shutil.rmtree(self._folder, ignore_errors=True)
+        ipc.remove_socket_folder(f"ipc://{self._folder}/requests")
 
 
 def _error(reply: ipc.Reply) -> LmforgeError:

@@ -178,6 +178,7 @@ class Core:
             if os.getppid() != parent:
                 log.error("lmi-dist engine core: the server process is gone; exiting")
                 self.stop()
+                ipc.remove_socket_folder(os.environ[REQUESTS_ENV])  # the server never will
                 return 1
 
     def handle(self, message: ipc.Add | ipc.Cancel | ipc.Call) -> None:

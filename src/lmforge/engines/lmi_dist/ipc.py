@@ -19,6 +19,9 @@ This module imports neither torch nor transformers: the frontend side stays ligh
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +31,23 @@ from lmforge.engines.protocol import SamplingParams, StructuredOutput
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
+
+SOCKET_FOLDER_PREFIX = "lmforge-core-"
+
+
+def socket_folder() -> str:
+    """A new private folder for one core's two sockets (the frontend makes it and binds in it)."""
+    return tempfile.mkdtemp(prefix=SOCKET_FOLDER_PREFIX)
+
+
+def remove_socket_folder(address: str) -> None:
+    """Remove the folder of the ``ipc://`` socket ``address`` if it is one :func:`socket_folder`
+    made. The frontend does it when it closes the core; a core whose server was killed (and so
+    never closed it) does it on its way out, so a SIGKILLed server leaves nothing in the temp dir."""
+    folder = os.path.dirname(address.removeprefix("ipc://"))
+    if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 RUNNING, FINISHED, FAILED, REJECTED = 0, 1, 2, 3
 """:attr:`Out.status` values. REJECTED: refused before it ran (a 400, e.g. a schema that cannot compile)."""
