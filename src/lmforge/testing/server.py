@@ -79,17 +79,17 @@ class RemoteServer:
         self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = model_dir.parent / f"server-{self.port}.log"
-        self._own_tmp = "TMPDIR" not in (env or {})
+        self._own_tmp = "VLLM_RPC_BASE_PATH" not in (env or {})
         self._tmp: str | None = None
 
     def start(self) -> RemoteServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         if self._own_tmp:
-            # a temp dir of its own, removed in stop(): what the server and its engines leave there
-            # when a test kills them (vLLM's ZeroMQ sockets, /tmp/<uuid>, are never removed) goes too;
-            # short, as Unix socket paths must be
+            # vLLM's ZeroMQ sockets (<dir>/<uuid>) in a folder of this server's, removed in stop(): a
+            # server that a test kills never removes them itself. Only vLLM's sockets move (short
+            # path, as Unix socket paths must be): torch's compile caches stay in the shared temp dir
             self._tmp = tempfile.mkdtemp(prefix="lmf-srv-")
-            self.env["TMPDIR"] = self._tmp
+            self.env["VLLM_RPC_BASE_PATH"] = self._tmp
         self.proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "lmforge", "serve", str(self.model_dir)),
