@@ -215,6 +215,19 @@ def _container_pid(local: dict[str, str], name: str) -> int:
     return int(info["pid"])
 
 
+def _engine_core(server_pid: int) -> tuple[int, Path]:
+    """The pid of the LMI-Dist engine core under a server process, and its sockets' folder."""
+    import psutil
+
+    from lmforge.engines.lmi_dist.core import REQUESTS_ENV
+
+    for child in psutil.Process(server_pid).children(recursive=True):
+        if "lmforge.engines.lmi_dist.core" in child.cmdline():
+            requests = child.environ()[REQUESTS_ENV]
+            return child.pid, Path(requests.removeprefix("ipc://")).parent
+    raise LookupError(f"no engine core under process {server_pid}")
+
+
 def test_a_non_streamed_reply_through_the_response_stream_ends_the_sdks_line_iterator(
     endpoint: str, clients: dict[str, Any]
 ) -> None:
@@ -258,11 +271,16 @@ def test_container_death_mid_stream_is_a_model_stream_error(
     )
     events = iter(resp["Body"])
     assert "PayloadPart" in next(events)
-    os.kill(_container_pid(local, name), signal.SIGKILL)
+    server_pid = _container_pid(local, name)
+    core_pid, sockets = _engine_core(server_pid)
+    os.kill(server_pid, signal.SIGKILL)
     with pytest.raises(EventStreamError) as info:
         for _ in events:
             pass
     assert info.value.response["Error"]["Code"] == "ModelStreamError"
+    # the killed server's engine core sees it gone, exits and removes the folder of their sockets
+    _wait_gone(core_pid)
+    assert sockets.name.startswith("lmforge-core-") and not sockets.exists()
     # SageMaker replaces a failed instance: the container comes back; meanwhile calls are ModelErrors
     body = json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 2}})
     deadline = time.monotonic() + 120

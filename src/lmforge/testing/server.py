@@ -101,7 +101,11 @@ class RemoteServer:
             start_new_session=self.own_group,
         )
         if self.wait_ready:
-            self.wait_for_ping(200, self.startup_timeout)
+            try:
+                self.wait_for_ping(200, self.startup_timeout)
+            except BaseException:
+                self.stop()  # its log stays for the error's message; the process and folder go
+                raise
         return self
 
     def wait_for_ping(self, status: int, timeout: float) -> None:

@@ -150,11 +150,11 @@ class Core:
 
     # ------------------------------------------------------------------ messages
 
-    def serve(self, pull: Any) -> int:
-        """Handle the frontend's messages until shutdown (0) or a failure (1)."""
+    def serve(self, pull: Any, parent: int) -> int:
+        """Handle the frontend's messages until shutdown (0) or a failure (1); ``parent`` is the server
+        process's pid, read before the model loaded (a server killed during the load counts as gone)."""
         import zmq
 
-        parent = os.getppid()
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
         while True:
@@ -177,8 +177,10 @@ class Core:
                 return 1
             if os.getppid() != parent:
                 log.error("lmi-dist engine core: the server process is gone; exiting")
-                self.stop()
-                ipc.remove_socket_folder(os.environ[REQUESTS_ENV])  # the server never will
+                try:
+                    self.stop()
+                finally:
+                    ipc.remove_socket_folder(os.environ[REQUESTS_ENV])  # the server never will
                 return 1
 
     def handle(self, message: ipc.Add | ipc.Cancel | ipc.Call) -> None:
@@ -330,6 +332,7 @@ def main() -> int:
 
     from lmforge.config import ServingConfig
 
+    parent = os.getppid()
     ignore_stop_signals()
     logging.basicConfig(
         level=os.environ.get("LMFORGE_LOG_LEVEL", "INFO").upper(),
@@ -351,7 +354,7 @@ def main() -> int:
         core.send(ipc.Dead(reason))
         code = 2 if isinstance(exc, LmforgeError) else 1
     else:
-        code = core.serve(pull)
+        code = core.serve(pull, parent)
     push.close()
     pull.close(linger=0)
     context.term()
