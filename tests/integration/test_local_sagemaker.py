@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from lmforge.engines.lmi_dist import ipc
 from tests.local_sagemaker import REGION, base_env, lmforge, parse_exports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -223,8 +224,7 @@ def _engine_core(server_pid: int) -> tuple[int, Path]:
 
     for child in psutil.Process(server_pid).children(recursive=True):
         if "lmforge.engines.lmi_dist.core" in child.cmdline():
-            requests = child.environ()[REQUESTS_ENV]
-            return child.pid, Path(requests.removeprefix("ipc://")).parent
+            return child.pid, Path(ipc.folder_of(child.environ()[REQUESTS_ENV]))
     raise LookupError(f"no engine core under process {server_pid}")
 
 
@@ -280,7 +280,7 @@ def test_container_death_mid_stream_is_a_model_stream_error(
     assert info.value.response["Error"]["Code"] == "ModelStreamError"
     # the killed server's engine core sees it gone, exits and removes the folder of their sockets
     _wait_gone(core_pid)
-    assert sockets.name.startswith("lmforge-core-") and not sockets.exists()
+    assert sockets.name.startswith(ipc.SOCKET_FOLDER_PREFIX) and not sockets.exists()
     # SageMaker replaces a failed instance: the container comes back; meanwhile calls are ModelErrors
     body = json.dumps({"inputs": "a", "parameters": {"max_new_tokens": 2}})
     deadline = time.monotonic() + 120

@@ -26,10 +26,9 @@ from tests.shared_vllm import RAW_LORA, SharedVllm, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
 
-PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
-NEW = 12
-RAW_PROMPTS = RAW_LORA["prompts"]  # base, a1, base: PROMPTS[:3]
-assert PROMPTS[:3] == RAW_PROMPTS and RAW_LORA["max_tokens"] == NEW
+RAW_PROMPTS: list[str] = RAW_LORA["prompts"]  # base, a1, base
+PROMPTS = [*RAW_PROMPTS, "for i in range("]
+NEW: int = RAW_LORA["max_tokens"]
 
 
 @pytest.fixture(scope="module")

@@ -79,17 +79,17 @@ class RemoteServer:
         self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = model_dir.parent / f"server-{self.port}.log"
-        self._own_tmp = "VLLM_RPC_BASE_PATH" not in (env or {})
-        self._tmp: str | None = None
+        self._own_sockets = "VLLM_RPC_BASE_PATH" not in (env or {})
+        self._sockets: str | None = None
 
     def start(self) -> RemoteServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        if self._own_tmp:
+        if self._own_sockets:
             # vLLM's ZeroMQ sockets (<dir>/<uuid>) in a folder of this server's, removed in stop(): a
             # server that a test kills never removes them itself. Only vLLM's sockets move (short
             # path, as Unix socket paths must be): torch's compile caches stay in the shared temp dir
-            self._tmp = tempfile.mkdtemp(prefix="lmf-srv-")
-            self.env["VLLM_RPC_BASE_PATH"] = self._tmp
+            self._sockets = tempfile.mkdtemp(prefix="lmf-srv-")
+            self.env["VLLM_RPC_BASE_PATH"] = self._sockets
         self.proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "lmforge", "serve", str(self.model_dir)),
@@ -156,9 +156,9 @@ class RemoteServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        if self._sockets is not None:
+            shutil.rmtree(self._sockets, ignore_errors=True)
+            self._sockets = None
         return self.proc.returncode
 
     def __enter__(self) -> RemoteServer:

@@ -192,7 +192,7 @@ class CoreProcess:
         if self._context is not None:
             self._context.term()
         self._push = self._pull = self._context = None
-        ipc.remove_socket_folder(f"ipc://{self._folder}/requests")
+        ipc.remove_socket_folder(self._folder)
 
 
 def _error(reply: ipc.Reply) -> LmforgeError:

@@ -180,7 +180,7 @@ class Core:
                 try:
                     self.stop()
                 finally:
-                    ipc.remove_socket_folder(os.environ[REQUESTS_ENV])  # the server never will
+                    ipc.remove_socket_folder(ipc.folder_of(os.environ[REQUESTS_ENV]))  # the server never will
                 return 1
 
     def handle(self, message: ipc.Add | ipc.Cancel | ipc.Call) -> None:

@@ -40,11 +40,15 @@ def socket_folder() -> str:
     return tempfile.mkdtemp(prefix=SOCKET_FOLDER_PREFIX)
 
 
-def remove_socket_folder(address: str) -> None:
-    """Remove the folder of the ``ipc://`` socket ``address`` if it is one :func:`socket_folder`
-    made. The frontend does it when it closes the core; a core whose server was killed (and so
-    never closed it) does it on its way out, so a SIGKILLed server leaves nothing in the temp dir."""
-    folder = os.path.dirname(address.removeprefix("ipc://"))
+def folder_of(address: str) -> str:
+    """The folder of the ``ipc://`` socket ``address``."""
+    return os.path.dirname(address.removeprefix("ipc://"))
+
+
+def remove_socket_folder(folder: str) -> None:
+    """Remove ``folder`` if it is one :func:`socket_folder` made. The frontend does it when it closes
+    the core; a core whose server was killed (and so never closed it) does it on its way out, so a
+    SIGKILLed server leaves nothing in the temp dir."""
     if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
         shutil.rmtree(folder, ignore_errors=True)
 
