@@ -91,11 +91,11 @@ def test_model_that_fails_to_load_exits_nonzero(tmp_path: Path) -> None:
     bad.mkdir()
     (bad / "serving.properties").write_text("option.rolling_batch=lmi-dist\n")
     (bad / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
-    srv = RemoteServer(bad, wait_ready=False).start()
-    assert srv.proc is not None
-    code = srv.proc.wait(120)
-    assert code != 0
-    assert "model failed to load" in srv.logs()
+    with RemoteServer(bad, wait_ready=False) as srv:
+        assert srv.proc is not None
+        code = srv.proc.wait(120)
+        assert code != 0
+        assert "model failed to load" in srv.logs()
 
 
 def test_invalid_serving_properties_is_a_clear_error(tmp_path: Path) -> None:
