@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
+import stat
 import tarfile
 import tempfile
 import threading
@@ -44,31 +46,76 @@ def test_no_build_secret_is_left_in_any_layer(cpu_image: BuiltImage) -> None:
         pytest.skip("LMFORGE_IMAGE_TESTS_REUSE: not built by this session, its secret marker is unknown")
     marker = cpu_image.result.secret_marker.encode()
     assert marker.startswith(b"lmforge-build-secret-")
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / "image.tar"
-        cpu_image.engine.save(cpu_image.tag, archive)
-        with tarfile.open(archive) as outer:
-            layers = [m for m in outer.getmembers() if m.isfile() and m.name.endswith((".tar", "/layer.tar"))]
-            assert layers, "the saved image lists its layers"
-            scanned = 0
-            for member in layers:
-                data = outer.extractfile(member)
-                assert data is not None
-                with tarfile.open(fileobj=io.BytesIO(data.read())) as layer:
-                    for entry in layer.getmembers():
-                        name = entry.name.lstrip("./")
-                        assert not name.startswith("run/secrets/"), f"{name} in layer {member.name}"
-                        assert not name.endswith(("pip.conf", "pip.ini")), f"{name} in layer {member.name}"
-                        if entry.isfile() and entry.size < 64 * 2**20:
-                            content = layer.extractfile(entry)
-                            assert content is not None
-                            assert marker not in content.read(), f"{name} holds a build secret"
-                            scanned += 1
+    folders = _layer_folders(cpu_image)
+    scanned = _scan_layer_folders(folders, marker) if folders else _scan_saved_layers(cpu_image, marker)
     assert scanned > 1000
     history = cpu_image.engine.run_cli(["history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image.tag])
     assert not re.search(
         r"http://127\.0\.0\.1:\d+/p\d+/|index-url|find-links|lmforge-build-secret", history.stdout
     )
+
+
+def _check_entry(name: str, where: str) -> None:
+    name = name.lstrip("./")
+    assert not name.startswith("run/secrets/"), f"{name} in layer {where}"
+    assert not name.endswith(("pip.conf", "pip.ini")), f"{name} in layer {where}"
+
+
+def _layer_folders(image: BuiltImage) -> list[Path] | None:
+    """Each layer of the image as the engine keeps it (overlay: one ``diff`` folder a layer, the same
+    files its tar holds), where that is every layer and this process may read them; else None. Reading
+    them costs ~1 CPU-s against ~11 for ``save`` and unpacking the 1.2 GB archive."""
+    data = image.engine.inspect_image(image.tag)
+    driver = data.get("GraphDriver") or {}
+    if driver.get("Name") not in ("overlay", "overlay2"):
+        return None
+    info = driver.get("Data") or {}
+    folders = [Path(p) for p in str(info.get("LowerDir") or "").split(":") if p]
+    folders += [Path(info["UpperDir"])] if info.get("UpperDir") else []
+    layers = (data.get("RootFS") or {}).get("Layers") or []
+    if len(folders) != len(layers) or not all(os.access(f, os.R_OK | os.X_OK) for f in folders):
+        return None
+    return folders
+
+
+def _scan_layer_folders(folders: list[Path], marker: bytes) -> int:
+    """Files checked; no path of a secret and no file holding the marker. Links are not followed: a
+    layer's absolute symlink points into the image, not at this machine."""
+    scanned = 0
+    for folder in folders:
+        for parent, dirs, files in os.walk(folder):
+            for name in dirs + files:
+                path = os.path.join(parent, name)
+                _check_entry(os.path.relpath(path, folder), str(folder))
+                mode = os.lstat(path)
+                if name in files and stat.S_ISREG(mode.st_mode) and mode.st_size < 64 * 2**20:
+                    with open(path, "rb") as fh:
+                        assert marker not in fh.read(), f"{path} holds a build secret"
+                    scanned += 1
+    return scanned
+
+
+def _scan_saved_layers(image: BuiltImage, marker: bytes) -> int:
+    """The same check on ``save``'s archive, for engines whose layers are not readable folders here."""
+    scanned = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "image.tar"
+        image.engine.save(image.tag, archive)
+        with tarfile.open(archive) as outer:
+            layers = [m for m in outer.getmembers() if m.isfile() and m.name.endswith((".tar", "/layer.tar"))]
+            assert layers, "the saved image lists its layers"
+            for member in layers:
+                data = outer.extractfile(member)
+                assert data is not None
+                with tarfile.open(fileobj=io.BytesIO(data.read())) as layer:
+                    for entry in layer.getmembers():
+                        _check_entry(entry.name, member.name)
+                        if entry.isfile() and entry.size < 64 * 2**20:
+                            content = layer.extractfile(entry)
+                            assert content is not None
+                            assert marker not in content.read(), f"{entry.name} holds a build secret"
+                            scanned += 1
+    return scanned
 
 
 def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: Path) -> None:

@@ -358,21 +358,23 @@ def test_invalid_model_ends_failed_with_a_reason(
 def test_update_then_delete(
     local: dict[str, str], tiny_model: Path, clients: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Re-deploying updates in place (new config, new container) and upload skips known content;
+    """Re-deploying updates in place (new config, new container) and its upload skips known content;
     the prefix (uncompressed) form serves too; delete stops the container."""
     sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
     name = "updated-llm"
-    lmforge("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge", env=local)
+    deploy = ("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge")
+    lmforge(*deploy, "--artifact-format", "prefix", env=local)
     first = sm.describe_endpoint(EndpointName=name)
     first_pid = _container_pid(local, name)
 
     out = lmforge(
-        *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
+        *deploy,
         *("--artifact-format", "prefix", "--env", "OPTION_MAX_ROLLING_BATCH_SIZE=4"),
         *("--env", "OPTION_ENABLE_STATEFUL_SESSIONS=true"),
         env=local,
     )
     assert f"{name}: InService (updated)" in out.stdout
+    assert "nothing sent" in out.stderr, "the same folder was uploaded again"
     second = sm.describe_endpoint(EndpointName=name)
     assert second["EndpointConfigName"] != first["EndpointConfigName"]
     model = sm.describe_model(ModelName=second["EndpointConfigName"])
@@ -392,13 +394,6 @@ def test_update_then_delete(
     )
     assert "generated_text" in json.loads(resp["Body"].read())
     _sticky_session_round_trip(smr, name)
-
-    again = lmforge(
-        *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
-        *("--artifact-format", "prefix"),
-        env=local,
-    )
-    assert "nothing sent" in again.stderr
 
     lmforge("delete", name, env=local)
     _wait_gone(_container_pid(local, name))
