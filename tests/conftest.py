@@ -28,15 +28,16 @@ def smollm2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment vLLM servers and scripts get: one ``VLLM_CACHE_ROOT`` for the whole run, shared
-    by the pytest-xdist workers, where vLLM keeps what it learned of a model class (else a subprocess
-    of about 9 CPU-seconds at every engine start)."""
+def vllm_env() -> dict[str, str]:
+    """The environment vLLM servers and scripts get: one ``VLLM_CACHE_ROOT`` for every run, in lmforge's
+    cache (``$LMFORGE_CACHE_DIR``, else ``~/.cache/lmforge``), apart from the user's own vLLM cache.
+    vLLM keeps there only what it learned of a model class (``modelinfos/``, checked against the hash of
+    the model's module on each read); without it every engine start runs a subprocess of about 7 CPU-s."""
+    from lmforge.models.smollm2 import cache_root
     from lmforge.testing.server import VLLM_ENV
 
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vllm-cache"
-    root.mkdir(exist_ok=True)
+    root = cache_root() / "test-vllm-cache"
+    root.mkdir(parents=True, exist_ok=True)
     return {**VLLM_ENV, "VLLM_CACHE_ROOT": str(root)}
 
 

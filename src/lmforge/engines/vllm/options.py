@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lmforge.engines.vllm import idle_wait
 from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
@@ -214,5 +215,12 @@ def mapping_markdown() -> str:
         "",
         "lmforge sets `structured_outputs_config` to xgrammar with `disable_any_whitespace` (compact",
         "JSON, the grammar LMI-Dist applies too) unless `option.structured_outputs_config` says otherwise.",
+        "",
+        "On vLLM's CPU platform, lmforge's `lmforge_cpu_idle_wait` plugin (a `vllm.general_plugins` entry",
+        "point) limits how long vLLM's engine core and worker keep polling for the next message before",
+        f"they sleep: {idle_wait.DEFAULT_SPIN_MS:g} ms instead of vLLM's 1 s. While a batch decodes, each",
+        "step's message comes sooner and nothing changes; between requests the worker no longer holds its",
+        "core (46 requests of 8 tokens, 0.3 s apart, tiny model: 1.6 CPU-s of the worker against 15.2).",
+        f"`{idle_wait.ENV}` sets another limit in milliseconds (`1000` is vLLM's own).",
     ]
     return "\n".join(lines)
