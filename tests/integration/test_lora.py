@@ -277,3 +277,4 @@ def test_adapter_folder_with_a_bad_adapter_fails_start(lora_model: Path, tmp_pat
         srv.stop()
     logs = srv.logs()
     assert "model failed to load" in logs and "adapters/a2" in logs and "adapter_model.bin" in logs, logs
+    assert "engine core" not in logs, "the folder's adapters are checked before the model loads"

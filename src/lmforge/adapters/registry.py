@@ -158,18 +158,36 @@ class AdapterRegistry:
         if self.policy.owns(adapter.path):
             shutil.rmtree(adapter.path, ignore_errors=True)
 
-    async def load_folder(self, folder: Path | None = None) -> list[str]:
-        """Register every sub-folder of the model's ``adapters/`` folders (name = folder name)."""
+    def _folder_adapters(self, folder: Path | None) -> list[Path]:
+        """The sub-folders of ``folder``, else of the model's ``adapters/`` folders (name = folder name)."""
         from lmforge.adapters.sources import adapter_folders
 
-        names = []
+        subs: list[Path] = []
         for parent in [folder] if folder is not None else adapter_folders(self.config):
-            if not parent.is_dir():
-                continue
-            for sub in sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                try:
-                    await self.register(sub.name, str(sub.resolve()), {"preload": True})
-                except AdapterError as exc:
-                    raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
-                names.append(sub.name)
+            if parent.is_dir():
+                subs += sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return subs
+
+    def check_folder(self, folder: Path | None = None) -> None:
+        """What can be checked of the folder's adapters without the model (their files, PEFT config and
+        rank), so that a bad adapter stops the server before the model loads rather than after; the
+        weights are checked against the model's layers when :meth:`load_folder` registers them."""
+        for sub in self._folder_adapters(folder):
+            try:
+                check_name(sub.name)
+                path, root = self.policy.resolve(str(sub.resolve()))
+                check_files(path, root)
+                read_config(path, self.config.max_lora_rank)
+            except AdapterError as exc:
+                raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
+
+    async def load_folder(self, folder: Path | None = None) -> list[str]:
+        """Register every sub-folder of the model's ``adapters/`` folders (name = folder name)."""
+        names = []
+        for sub in self._folder_adapters(folder):
+            try:
+                await self.register(sub.name, str(sub.resolve()), {"preload": True})
+            except AdapterError as exc:
+                raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
+            names.append(sub.name)
         return names

@@ -64,6 +64,8 @@ class DefaultHandler:
             self.adapters = AdapterRegistry(config, engine)
 
     async def start(self) -> None:
+        if self.adapters is not None:  # a bad adapter in the folder stops the start before the model loads
+            await asyncio.to_thread(self.adapters.check_folder)
         await self.engine.start()
         if self.adapters is not None:
             names = await self.adapters.load_folder()
