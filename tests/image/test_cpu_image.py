@@ -87,8 +87,8 @@ def _scan_layer_folders(folders: list[Path], marker: bytes) -> int:
             for name in dirs + files:
                 path = os.path.join(parent, name)
                 _check_entry(os.path.relpath(path, folder), str(folder))
-                mode = os.lstat(path)
-                if name in files and stat.S_ISREG(mode.st_mode) and mode.st_size < 64 * 2**20:
+                info = os.lstat(path)
+                if name in files and stat.S_ISREG(info.st_mode) and info.st_size < 64 * 2**20:
                     with open(path, "rb") as fh:
                         assert marker not in fh.read(), f"{path} holds a build secret"
                     scanned += 1

@@ -184,6 +184,30 @@ def test_32_concurrent_streams_complete(served: tuple[RemoteServer, list[dict[st
     assert results == [reference[i % 4]["text"] for i in range(32)]  # batched greedy == alone
 
 
+def test_vllms_worker_sleeps_between_requests(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    """lmforge's ``lmforge_cpu_idle_wait`` plugin reached vLLM's engine core and worker, and the worker
+    stops polling ~10 ms after a request instead of vLLM's 1 s: in the 0.9 s after one, vLLM's own
+    poll would take a share of a core (a third or more even on a loaded machine), the capped one ~0."""
+    import psutil
+
+    server, _ = served
+    log = server.log_path.read_text(errors="replace")
+    capped = [line for line in log.splitlines() if "poll for at most" in line and "idle_wait" in line]
+    assert any("EngineCore" in line for line in capped) and any("Worker" in line for line in capped), capped
+    assert server.proc is not None
+    workers = [
+        p for p in psutil.Process(server.proc.pid).children(recursive=True) if p.name() == "VLLM::Worker"
+    ]
+    assert len(workers) == 1, workers
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 4}}
+    resp = http_client().post(server.url + "/invocations", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    before = sum(workers[0].cpu_times()[:2])
+    time.sleep(0.9)
+    spent = sum(workers[0].cpu_times()[:2]) - before
+    assert spent < 0.15, f"vLLM's worker used {spent:.2f} CPU-s in 0.9 s with no request"
+
+
 def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     server, _ = served
     before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)

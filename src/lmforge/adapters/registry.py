@@ -9,10 +9,11 @@ already running with it finish. Mutations are serialised; lookups are plain dict
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +85,7 @@ class AdapterRegistry:
         """Resolve and validate (blocking: file reads, maybe an S3 download)."""
         folder, root = self.policy.resolve(src)
         try:
-            check_files(folder, root)
-            data = read_config(folder, self.config.max_lora_rank)
+            data = self._check_unweighted(folder, root)
             layers, size = check_weights(folder, data, self.engine.lora_layers())
         except BaseException:
             if self.policy.owns(folder):
@@ -158,6 +158,11 @@ class AdapterRegistry:
         if self.policy.owns(adapter.path):
             shutil.rmtree(adapter.path, ignore_errors=True)
 
+    def _check_unweighted(self, folder: Path, root: Path) -> dict[str, Any]:
+        """The checks that need no model (files, PEFT config, rank); the adapter's config."""
+        check_files(folder, root)
+        return read_config(folder, self.config.max_lora_rank)
+
     def _folder_adapters(self, folder: Path | None) -> list[Path]:
         """The sub-folders of ``folder``, else of the model's ``adapters/`` folders (name = folder name)."""
         from lmforge.adapters.sources import adapter_folders
@@ -168,26 +173,29 @@ class AdapterRegistry:
                 subs += sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
         return subs
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _naming(sub: Path) -> Iterator[None]:
+        """An AdapterError about folder ``sub``, prefixed ``adapters/<name>: ``."""
+        try:
+            yield
+        except AdapterError as exc:
+            raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
+
     def check_folder(self, folder: Path | None = None) -> None:
         """What can be checked of the folder's adapters without the model (their files, PEFT config and
         rank), so that a bad adapter stops the server before the model loads rather than after; the
         weights are checked against the model's layers when :meth:`load_folder` registers them."""
         for sub in self._folder_adapters(folder):
-            try:
+            with self._naming(sub):
                 check_name(sub.name)
-                path, root = self.policy.resolve(str(sub.resolve()))
-                check_files(path, root)
-                read_config(path, self.config.max_lora_rank)
-            except AdapterError as exc:
-                raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
+                self._check_unweighted(*self.policy.resolve(str(sub.resolve())))
 
     async def load_folder(self, folder: Path | None = None) -> list[str]:
         """Register every sub-folder of the model's ``adapters/`` folders (name = folder name)."""
         names = []
         for sub in self._folder_adapters(folder):
-            try:
+            with self._naming(sub):
                 await self.register(sub.name, str(sub.resolve()), {"preload": True})
-            except AdapterError as exc:
-                raise AdapterError(f"adapters/{sub.name}: {exc.message}", param="adapters") from None
             names.append(sub.name)
         return names

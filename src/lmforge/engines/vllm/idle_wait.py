@@ -78,7 +78,7 @@ def register() -> None:
             return
         seconds = spin_seconds()
         if apply(seconds):
-            log.debug("lmforge: vLLM's message queues poll for at most %g ms before sleeping", seconds * 1e3)
+            log.info("lmforge: vLLM's message queues poll for at most %g ms before sleeping", seconds * 1e3)
         else:
             log.info("lmforge: vLLM's SpinCondition is not the one this plugin knows; busy wait left as is")
     except Exception:  # a plugin must never stop vLLM from starting
