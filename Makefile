@@ -11,7 +11,9 @@ DEMO_DIR ?= .demo
 
 .PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-real bench-images clean
 
-$(STAMP): pyproject.toml
+# setup.py builds LMI-Dist's C library (src/lmforge/engines/lmi_dist/lora_kernel.c) into src/ with a C
+# compiler when there is one
+$(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'

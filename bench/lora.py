@@ -215,6 +215,7 @@ def main() -> None:
     import torch
 
     from lmforge.bench.results import machine, versions
+    from lmforge.engines.lmi_dist import lora_kernel
     from lmforge.models.example import SERVING_PROPERTIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -295,6 +296,10 @@ def main() -> None:
             "torch_threads": 1,
             "rounds": args.rounds,
             "command": command,
+            # mixed steps on the fused LoRA pass (lmi_dist.lora_kernel), as the engine core runs them
+            # where the library is built, or on PyTorch's batched products
+            "fused_lora_pass": lora_kernel.usable(torch.device("cpu"), torch.float32)
+            and not torch.cuda.is_available(),
         },
         "targets": targets,
         "target": 1.0,

@@ -4,11 +4,14 @@ cost of ``bench/lora.py`` goes.
 The model as LMI-Dist's engine core sets it up on a CPU with LoRA on: lean decoder layers (q/k/v and
 gate/up left separate), prepacked oneDNN weights, and :class:`lmforge.engines.lmi_dist.lora.LoraLayers`
 with ``--adapters`` rank-8 adapters (made as ``bench/lora.py`` makes them) installed. One forward of
-``--rows`` decode rows over a ``--context``-token static cache is timed for three batches: no adapter (base),
-one adapter on every row, and a different adapter on each row (mixed, the adapters' factors stacked as
-a real step stacks them). The three run in interleaved rounds, order reversed every other round; an
-overhead is the median over rounds of (scenario - base of the same round). Then one mixed step runs
-under ``torch.profiler``, and the operators' self CPU time per step is kept.
+``--rows`` decode rows over a ``--context``-token static cache is timed for four batches: no adapter
+(base), one adapter on every row, and a different adapter on each row (mixed, the adapters' factors
+stacked as a real step stacks them), the last once on the fused LoRA pass (``mixed``, what the engine
+runs where the pass is built) and once on PyTorch's batched products (``mixed-bmm``, its fallback).
+They run in interleaved rounds, order reversed every other round; an overhead is the median over
+rounds of (scenario - base of the same round). Then one mixed step runs under ``torch.profiler``, and
+the operators' self CPU time per step is kept. Like the engine core, the process asks PyTorch for
+transparent huge pages (``THP_MEM_ALLOC_ENABLE=1``).
 
 Attention here is transformers' own over a ``StaticCache`` (the engine's paged attention needs its
 scheduler), so the base step is not the engine's TPOT; the LoRA layers and the linear layers are the
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as lmi_dist.client starts the engine core
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
@@ -38,7 +42,7 @@ RESULTS = ROOT / "bench" / "results"
 from bench.lora import write_adapters  # noqa: E402
 from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, result_name, write_model  # noqa: E402
 
-SCENARIOS = ("base", "one", "mixed")
+SCENARIOS = ("base", "one", "mixed", "mixed-bmm")
 STEPS_PER_ROUND = 4
 
 
@@ -90,6 +94,8 @@ def main() -> int:
         "one": [_request(1, LORA_KWARG)] * args.rows,
         "mixed": [_request(1 + i % args.adapters, LORA_KWARG) for i in range(args.rows)],
     }
+    batches["mixed-bmm"] = batches["mixed"]
+    fused = lora.fused
     tokens = torch.randint(0, 1000, (args.rows, args.context))
     step_tokens = torch.randint(0, 1000, (args.rows, 1))
     # a static cache: every step writes the same slot after the context, so steps stay alike
@@ -100,6 +106,7 @@ def main() -> int:
         model(tokens, past_key_values=cache, use_cache=True, cache_position=torch.arange(args.context))
 
         def step(name: str) -> None:
+            lora.fused = fused and name != "mixed-bmm"
             lora.on_batch(batches[name])
             model(step_tokens, past_key_values=cache, use_cache=True, cache_position=position)
             for layer in cache.layers:  # the next step writes the same slot again
@@ -121,7 +128,7 @@ def main() -> int:
     base = statistics.median(ms["base"])
     overhead = {
         name: statistics.median(x - b for x, b in zip(ms[name], ms["base"], strict=True))
-        for name in ("one", "mixed")
+        for name in SCENARIOS[1:]
     }
     for name in SCENARIOS:
         extra = "" if name == "base" else f"  {overhead[name]:+.2f} ms ({overhead[name] / base:+.1%})"
@@ -140,6 +147,7 @@ def main() -> int:
             "rounds": args.rounds,
             "steps_per_round": STEPS_PER_ROUND,
             "torch_threads": 1,
+            "fused_lora_pass": fused,
         },
         "step_ms": {name: statistics.median(values) for name, values in ms.items()},
         "step_ms_rounds": {name: [round(v, 3) for v in values] for name, values in ms.items()},

@@ -120,16 +120,31 @@ def on(device: str) -> torch.device:
     return torch.device(device)
 
 
+def layers(model: torch.nn.Module, max_cpu_loras: int, path: str = "fused") -> LoraLayers:
+    """LoRA layers on ``model`` whose decode steps take ``path``: the fused pass (where it is built:
+    the CPU) or PyTorch's batched products."""
+    runtime = LoraLayers(model, max_cpu_loras)
+    if path == "batched":
+        runtime.fused = False
+    return runtime
+
+
+PATHS = ["fused", "batched"]
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_every_row_gets_exactly_its_own_adapter(tmp_path: Path, name: str, device: str) -> None:
+def test_every_row_gets_exactly_its_own_adapter(tmp_path: Path, name: str, device: str, path: str) -> None:
     """Each form of a mixed step (ranks 4 and 8 stacked together; adapter 3 also on ``side``, which
-    the others leave alone) equals the row-by-row reference; rows past the step's tokens (padding)
-    get nothing."""
+    the others leave alone), on the fused pass and on the batched products, equals the row-by-row
+    reference; rows past the step's tokens (padding) get nothing."""
     layout, form = LAYOUTS[name]
     torch.manual_seed(0)
     model = Tiny().to(on(device))
-    runtime = LoraLayers(model, max_cpu_loras=3)
+    runtime = layers(model, 3, path)
+    if path == "fused" and not runtime.fused:
+        pytest.skip("the fused LoRA pass is for the CPU" if device != "cpu" else "not built here")
     specs = [
         adapter(tmp_path, 1, 4, 1),
         adapter(tmp_path, 2, 8, 2),
@@ -146,7 +161,13 @@ def test_every_row_gets_exactly_its_own_adapter(tmp_path: Path, name: str, devic
     step(runtime, layout)
     assert runtime.step is not None
     plan = runtime.step
-    assert (plan.slots > 0, plan.index is None, plan.keep is not None) == FORMS[form]
+    batched, in_order, padded = FORMS[form]
+    assert plan.fused == (batched and runtime.fused)
+    if plan.fused:
+        assert plan.index is None and plan.keep is None and (plan.rows is None) == in_order
+        assert plan.rows is None or (plan.rows.tolist().count(-1) > 0) == padded
+    else:
+        assert (plan.slots > 0, plan.index is None, plan.keep is not None) == FORMS[form]
     x = torch.randn(1, tokens + 2, 16, device=device)  # 2 rows of padding past the step's tokens
     for linear, factors in ((model.proj, proj), (model.side, side)):
         want = expected_output(linear, x, [*layout, (0, 2)], factors)

@@ -1,8 +1,9 @@
 """Build a flavour's image: the build context, the base image, the pip inputs, the engine call.
 
 The context is staged in a temporary folder with exactly what the Dockerfiles copy
-(``pyproject.toml``, ``README.md``, ``src/``, ``containers/<flavour>/``), so a checkout's virtual
-environments, caches and models never travel to the engine, and a ``.dockerignore`` is not needed.
+(``pyproject.toml``, ``setup.py``, ``README.md``, ``src/``, ``containers/<flavour>/``), so a
+checkout's virtual environments, caches, models and locally built libraries never travel to the
+engine, and a ``.dockerignore`` is not needed.
 
 The base image is, in order: ``--base-image``; the flavour's pinned default when the engine already
 has it; the Debian-made :data:`~lmforge.container.base.LOCAL_BASE` when it exists (CPU flavours);
@@ -23,7 +24,7 @@ from lmforge.container.engine import BuildRequest, ContainerEngine, Echo, Engine
 from lmforge.container.flavours import Flavour, image_name, load_flavour, repo_root
 from lmforge.container.pipsettings import BuildPipInputs, describe, read_pip_settings
 
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".mypy_cache")
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.egg-info", ".mypy_cache")
 
 
 class BuildError(EngineError):
@@ -53,7 +54,7 @@ def has_nvidia_gpu() -> bool:
 
 def stage_context(root: Path, flavour: str, dest: Path) -> Path:
     """Copy what the Dockerfile of ``flavour`` reads into ``dest``; returns ``dest``."""
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(root / name, dest / name)
     shutil.copytree(root / "src", dest / "src", ignore=_IGNORE)
     shutil.copytree(root / "containers" / flavour, dest / "containers" / flavour, ignore=_IGNORE)

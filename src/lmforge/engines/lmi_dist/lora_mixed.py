@@ -7,6 +7,10 @@ one's token rows are. Every layer's factors for that set are stacked on a leadin
 in one buffer (:func:`build_stacks`): ``A^T`` as ``[k, in, r]`` and ``(s * B)^T`` as ``[k, r, out]``
 (the layouts ``bmm`` reads fastest), ranks padded with zeros to the largest. Then:
 
+* fused form (a batched step on the CPU, at most ``lora_kernel.MAX_ROWS`` rows per adapter, where the
+  C library is built): one call per layer of the fused pass (:mod:`.lora_kernel`), which reads each
+  adapter's factors once, front to back, and adds every row's delta in place (no gather, no scatter:
+  it takes the rows' indices);
 * batched form (the usual decode step, each adapter about as many rows as the others): the rows are
   gathered adapter by adapter into ``[k, m, in]`` (``m`` = the most rows of one adapter; a shorter
   adapter's extra slots repeat one of its rows and are zeroed after the first product), two ``bmm``
@@ -25,8 +29,9 @@ which happens as requests join or leave, not from step to step: transformers' sc
 decoding requests in arrival order. Rows past the step's tokens (padding) get nothing.
 
 This is the gathered / segmented LoRA matmul that Punica (SGMV) and S-LoRA run as custom GPU
-kernels, written with PyTorch's own batched and grouped GEMMs so that one code path serves the CPU
-and CUDA.
+kernels: written with PyTorch's own batched and grouped GEMMs, so that one code path serves the CPU
+and CUDA, plus a small C pass for the CPU decode step, where two batched BLAS calls per layer cost
+about a third more than streaming the factors once (``bench/lora_step.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from lmforge.engines.lmi_dist import lora_kernel
+
 Factors = tuple[torch.Tensor, torch.Tensor]
-"""One adapter's factors of one layer: A ``[r, in]`` and ``(scaling * B)^T`` ``[r, out]``; or a
+"""One adapter's factors of one layer: A^T ``[in, r]`` and ``(scaling * B)^T`` ``[r, out]``; or a
 step's stack of them: A^T ``[k, in, r]`` and ``(scaling * B)^T`` ``[k, r, out]``."""
 
 #: the batched form while its padded slots are at most this many times the adapted rows
@@ -67,11 +74,20 @@ class StepLayout:
     """Batched form with padded slots: ``[k, slots, 1]``, 0 for a padded slot."""
     offsets: torch.Tensor | None
     """Segmented form: the int32 end of each adapter's rows in ``index`` order."""
+    fused: bool = False
+    """The batched form on the fused pass (:mod:`.lora_kernel`) instead of ``bmm``."""
+    rows: torch.Tensor | None = None
+    """The fused pass's rows: ``index`` with -1 for a padded slot; None when the rows already come in
+    order."""
 
 
-def plan(ids: list[int], lengths: list[int], stack_id: int, device: torch.device) -> StepLayout:
+def plan(
+    ids: list[int], lengths: list[int], stack_id: int, device: torch.device, fused: bool = False
+) -> StepLayout:
     """The layout of a step whose requests (in batch order) have adapter ``ids[i]`` (0 = none) and
-    ``lengths[i]`` token rows; at least two adapters, or one adapter and base rows."""
+    ``lengths[i]`` token rows; at least two adapters, or one adapter and base rows. With ``fused``
+    (the fused pass is there, :func:`lora_kernel.usable`), a batched step of at most
+    ``lora_kernel.MAX_ROWS`` rows per adapter takes it."""
     rows: dict[int, list[int]] = {}
     start = 0
     for adapter_id, length in zip(ids, lengths, strict=True):
@@ -85,8 +101,9 @@ def plan(ids: list[int], lengths: list[int], stack_id: int, device: torch.device
     in_order = [r for i in key for r in rows[i]]
     identity = in_order == list(range(start))
     if len(key) * slots <= BATCHED_MAX_WASTE * adapted:
+        fused = fused and slots <= lora_kernel.MAX_ROWS
         if identity and slots * len(key) == adapted:
-            return StepLayout(key, stack_id, start, slots, None, None, None)
+            return StepLayout(key, stack_id, start, slots, None, None, None, fused)
         index: list[int] = []
         keep: list[float] = []
         for i in key:
@@ -94,6 +111,9 @@ def plan(ids: list[int], lengths: list[int], stack_id: int, device: torch.device
             pad = slots - len(mine)
             index += mine + [mine[0]] * pad
             keep += [1.0] * len(mine) + [0.0] * pad
+        if fused:
+            rows_t = torch.tensor([r if k else -1 for r, k in zip(index, keep, strict=True)])
+            return StepLayout(key, stack_id, start, slots, None, None, None, True, rows_t)
         keep_t = None
         if len(index) > adapted:
             keep_t = torch.tensor(keep).view(len(key), slots, 1).to(device)
@@ -166,12 +186,12 @@ def build_stacks(
         if not present:
             plans.append(None)
             continue
-        a0, bt0 = present[0]
-        like = a0
-        align = max(1, 16 // a0.element_size())
-        rank = -(-max(a.shape[0] for a, _ in present) // align) * align
+        at0, bt0 = present[0]
+        like = at0
+        align = max(1, 16 // at0.element_size())
+        rank = -(-max(at.shape[1] for at, _ in present) // align) * align
         plans.append((found, rank))
-        shapes += [(len(key), a0.shape[1], rank), (len(key), rank, bt0.shape[1])]
+        shapes += [(len(key), at0.shape[0], rank), (len(key), rank, bt0.shape[1])]
     if like is None:
         return [None] * len(tables), None
     views, flat = flat_blocks(shapes, like.dtype, like.device, reuse)
@@ -188,9 +208,9 @@ def build_stacks(
                 at3[j].zero_()
                 bt3[j].zero_()
                 continue
-            a, bt = factors
-            r = a.shape[0]
-            at3[j, :, :r].copy_(a.t())
+            at, bt = factors
+            r = at.shape[1]
+            at3[j, :, :r].copy_(at)
             bt3[j, :r].copy_(bt)
             if r < rank:
                 at3[j, :, r:].zero_()
@@ -206,6 +226,9 @@ def add_mixed(flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, fa
         raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
     x = flat_x if flat_x.shape[0] == step.tokens else flat_x[: step.tokens]
     out = flat_out if flat_out.shape[0] == step.tokens else flat_out[: step.tokens]
+    if step.fused:
+        lora_kernel.add(x, out, factors, step.slots, step.rows)
+        return
     xs = x if step.index is None else x.index_select(0, step.index)
     if step.slots:
         k = len(step.key)
