@@ -65,10 +65,11 @@ def _load() -> ctypes.PyDLL | None:
         log.warning("lmi-dist: LoRA on PyTorch's batched products (cannot load %s: %s)", path.name, exc)
         return None
     lib.lmforge_lora_pass.restype = ctypes.c_int
-    lib.lmforge_lora_pass.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 9
+    lib.lmforge_lora_pass.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8
     lib.lmforge_lora_isa.restype = ctypes.c_int
     lib.lmforge_lora_force_isa.argtypes = [ctypes.c_int]
-    log.info("lmi-dist: LoRA decode steps on the fused pass (%s)", _ISA.get(lib.lmforge_lora_isa(), "?"))
+    path_name = _ISA.get(lib.lmforge_lora_isa(), "?")
+    log.info("lmi-dist: LoRA steps mixing adapters on the fused pass (%s)", path_name)
     _lib = lib
     _fn = lib.lmforge_lora_pass
     return lib
@@ -79,35 +80,106 @@ def usable(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and _load() is not None
 
 
+class AdapterTable:
+    """What the fused pass reads for one set of adapters (a step's, in the step's order): for every
+    adapted layer, each adapter's factor addresses in its own host copy and its rank, as one int64
+    ``[layers, k, 3]`` tensor. Built when the step's set changes (no factor is copied); holds the
+    factors, so an adapter uninstalled while a step runs stays readable until the table goes."""
+
+    def __init__(
+        self,
+        tables: list[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+        key: tuple[int, ...],
+        shapes: list[tuple[int, int]],
+    ) -> None:
+        """``tables[i]``: adapted layer ``i``'s adapter id -> (A^T ``[in, r]``, ``(s B)^T`` ``[r, out]``)
+        with ``shapes[i]`` = (in, out) of that layer; ``key``: the step's adapters, in order. Raises
+        ValueError for factors the pass cannot read (checked once here, not at every call)."""
+        entries: list[int] = []
+        self.factors: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for table, (n_in, n_out) in zip(tables, shapes, strict=True):
+            for adapter_id in key:
+                found = table.get(adapter_id)  # None: it leaves the layer alone (or was cancelled)
+                if found is None:
+                    entries += (0, 0, 0)
+                    continue
+                at, bt = found
+                rank = at.shape[1] if at.dim() == 2 else 0
+                if not (
+                    at.dtype == bt.dtype == torch.float32
+                    and at.is_cpu
+                    and bt.is_cpu
+                    and at.is_contiguous()
+                    and bt.is_contiguous()
+                    and tuple(at.shape) == (n_in, rank)
+                    and tuple(bt.shape) == (rank, n_out)
+                    and 0 < rank <= MAX_RANK
+                ):
+                    raise ValueError(
+                        f"adapter {adapter_id}: factors {tuple(at.shape)} / {tuple(bt.shape)} "
+                        f"({at.dtype}) do not fit a {n_in} -> {n_out} layer for the fused LoRA pass"
+                    )
+                entries += (at.data_ptr(), bt.data_ptr(), rank)
+                self.factors.append(found)
+        self.key = key
+        self.shapes = shapes
+        self.layers = len(tables)
+        self.table = torch.tensor(entries, dtype=torch.int64).view(self.layers, len(key), 3)
+        self._address: int = self.table.data_ptr()
+        self._stride = len(key) * 3 * 8
+
+    def address(self, layer: int) -> int:
+        """Where layer ``layer``'s ``[k, 3]`` entries start."""
+        return self._address + layer * self._stride
+
+
 def add(
     x: torch.Tensor,
     out: torch.Tensor,
-    factors: tuple[torch.Tensor, torch.Tensor],
+    adapters: AdapterTable,
+    layer: int,
     slots: int,
     rows: torch.Tensor | None,
 ) -> None:
-    """``out[row] += (x[row] A^T)(s B^T)`` in place, for ``slots`` rows of each of the ``k`` adapters
-    of ``factors`` (A^T ``[k, in, r]`` and ``(s B)^T`` ``[k, r, n]``, contiguous, as stacked by
-    :func:`.lora_mixed.build_stacks`): slot ``s`` of adapter ``a`` is row ``rows[a * slots + s]`` (a
-    contiguous int64 tensor; -1 for a padding slot, skipped), or ``a * slots + s`` without ``rows``.
-    ``x`` ``[*, in]`` and ``out`` ``[*, n]`` are float32 CPU rows with unit column stride, and
-    :func:`usable` said yes. The C side checks every row against both tensors."""
-    at3, bt3 = factors
-    k, n_in, rank = at3.shape
-    n_out = bt3.shape[2]
-    if x.stride(1) != 1 or out.stride(1) != 1 or x.shape[1] != n_in or out.shape[1] != n_out:
-        raise ValueError(
-            f"LoRA shapes disagree: x {tuple(x.shape)}, out {tuple(out.shape)}, A^T {tuple(at3.shape)}"
-        )
+    """``out[row] += (x[row] A^T)(s B^T)`` in place, for ``slots`` rows of each adapter of
+    ``adapters`` on adapted layer ``layer`` (an adapter that leaves the layer alone adds nothing):
+    slot ``s`` of the ``a``-th adapter is row ``rows[a * slots + s]`` (a contiguous int64 tensor; -1
+    for a padding slot, skipped), or ``a * slots + s`` without ``rows``. ``x`` ``[*, in]`` and ``out``
+    ``[*, n]`` are that layer's float32 CPU input and output rows, with unit column stride. The C side
+    checks every row against both tensors, and every rank, before it writes anything."""
+    k = len(adapters.key)
+    if not (x.dtype is torch.float32 and out.dtype is torch.float32 and x.is_cpu and out.is_cpu):
+        raise ValueError(f"the fused LoRA pass takes float32 CPU rows, not {x.dtype} on {x.device}")
+    if (
+        x.dim() != 2
+        or out.dim() != 2
+        or x.stride(1) != 1
+        or out.stride(1) != 1
+        or layer >= adapters.layers
+        or (x.shape[1], out.shape[1]) != adapters.shapes[layer]
+    ):
+        raise ValueError(f"LoRA rows {tuple(x.shape)} -> {tuple(out.shape)} do not fit adapted layer {layer}")
+    if rows is not None and (
+        rows.dtype is not torch.int64
+        or not rows.is_cpu
+        or rows.numel() != k * slots
+        or not rows.is_contiguous()
+    ):
+        raise ValueError(f"rows must be a contiguous int64 CPU tensor of {k} x {slots} entries")
     status = _fn(
-        x.data_ptr(), out.data_ptr(), at3.data_ptr(), bt3.data_ptr(),
-        None if rows is None else rows.data_ptr(),
-        k, slots, n_in, n_out, rank, x.stride(0), out.stride(0), x.shape[0], out.shape[0],
+        x.data_ptr(), out.data_ptr(), adapters.address(layer), None if rows is None else rows.data_ptr(),
+        k, slots, x.shape[1], out.shape[1], x.stride(0), out.stride(0), x.shape[0], out.shape[0],
     )  # fmt: skip
     if status == -2:
         raise ValueError(f"LoRA rows outside the step's {min(x.shape[0], out.shape[0])} rows")
     if status != 0:
-        raise ValueError(f"the fused LoRA pass takes ranks up to {MAX_RANK}, not {rank}")
+        raise ValueError(f"the fused LoRA pass takes ranks 1 to {MAX_RANK}")
+
+
+def isa() -> str | None:
+    """Which code path the pass runs on this CPU ("AVX2+FMA" or "portable C"); None when not built."""
+    lib = _load()
+    return None if lib is None else _ISA.get(lib.lmforge_lora_isa(), "?")
 
 
 def force_portable(portable: bool) -> None:
