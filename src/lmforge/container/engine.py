@@ -31,6 +31,8 @@ Echo = Callable[[str], None]
 EngineKind = Literal["podman", "docker"]
 ENGINES: tuple[EngineKind, ...] = ("podman", "docker")
 ENV_ENGINE = "LMFORGE_CONTAINER_ENGINE"
+#: stages podman builds at once (the images' s5cmd, wheel and runtime stages only need the base)
+PODMAN_BUILD_JOBS = 2
 _INFO_TIMEOUT_S = 20.0
 
 INSTALL_HINT = (
@@ -128,7 +130,10 @@ class ContainerEngine:
         """The argv (without the binary) and extra environment for one build."""
         env: dict[str, str] = {}
         if self.kind == "podman":
-            args = ["build", "--format", "docker", "--pull=missing"]
+            # --jobs: the stages that do not need each other (s5cmd, lmforge's wheel, the dependencies)
+            # build two at a time, as BuildKit does by default: 77 s against 94-96 s for a cold cpu build
+            # here (3 at a time: 82 s)
+            args = ["build", "--format", "docker", "--pull=missing", "--jobs", str(PODMAN_BUILD_JOBS)]
         elif self.buildx:
             args = ["buildx", "build", "--load"]
         else:
