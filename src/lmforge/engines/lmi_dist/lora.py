@@ -178,8 +178,7 @@ class LoraLayers:
             with contextlib.suppress(KeyError):  # dropped meanwhile by an uninstall
                 self._tables.move_to_end(stack_id)
             return cached
-        names = list(self._patched)
-        linears = [self._linears[name] for name in names]
+        linears = [self._linears[name] for name in list(self._patched)]
         table = lora_kernel.AdapterTable(
             [getattr(linear, _WEIGHTS_ATTR) for linear in linears],
             key,

@@ -28,7 +28,7 @@ ENV = "LMFORGE_LORA_KERNEL"
 #: rows of one adapter up to which the pass is used: above, a BLAS product (a prompt being
 #: prefilled) does more arithmetic per byte than the pass
 MAX_ROWS = 16
-#: the largest (padded) rank the pass takes (the C side's MAX_RANK)
+#: the largest adapter rank the pass takes (the C side's MAX_RANK)
 MAX_RANK = 512
 
 _ISA = {1: "portable C", 2: "AVX2+FMA"}
@@ -59,7 +59,8 @@ def _load() -> ctypes.PyDLL | None:
         log.info("lmi-dist: LoRA on PyTorch's batched products (the fused pass was not built: no C compiler)")
         return None
     try:
-        # PyDLL: the call keeps the GIL, like a short PyTorch op, and skips releasing and taking it back
+        # PyDLL: the call keeps the GIL (a few to tens of us), which saves releasing and taking it back
+        # per layer; the core's other threads wait that long
         lib = ctypes.PyDLL(str(path))
     except OSError as exc:
         log.warning("lmi-dist: LoRA on PyTorch's batched products (cannot load %s: %s)", path.name, exc)
