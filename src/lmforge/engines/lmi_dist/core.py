@@ -259,7 +259,15 @@ class Core:
             elif message.method == "score_prompt":
                 from lmforge.engines.lmi_dist.prompt_scores import score_prompt
 
-                value = score_prompt(self.built.model, message.args["ids"], int(message.args["top_n"]))
+                built, args = self.built, message.args
+                value = score_prompt(
+                    built.model,
+                    built.gate,
+                    args["ids"],
+                    int(args["top_n"]),
+                    lora=lora,
+                    adapter_id=int(args.get("adapter", 0)),
+                )
             elif message.method == "profile_start":
                 self.profiler.start()
             elif message.method == "profile_stop":

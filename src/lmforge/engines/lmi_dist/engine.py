@@ -194,21 +194,26 @@ class LmiDistEngine(EngineBase):
 
     # ------------------------------------------------------------------ requests
 
-    async def _score_prompt(self, ids: list[int], top_n: int | None) -> list[Token] | None:
-        """The prompt's log-probs when asked (:mod:`.prompt_scores`, computed by the engine core)."""
+    async def _score_prompt(
+        self, ids: list[int], top_n: int | None, adapter: LoraAdapter | None
+    ) -> list[Token] | None:
+        """The prompt's log-probs when asked (:mod:`.prompt_scores`, computed by the engine core, with
+        ``adapter`` applied: the caller holds its slot)."""
         if top_n is None:
             return None
         assert self._core is not None and self._core.ready is not None
-        if self._lora is not None or self._core.ready.world > 1:
+        if self._core.ready.world > 1:
             raise FieldError(
                 RequestField.PROMPT_LOGPROBS,
                 "the prompt's log-probs (",
                 RequestField.PROMPT_LOGPROBS,
-                " with logprobs) are not available on lmi-dist with option.enable_lora=true or tensor "
-                "parallelism; use option.rolling_batch=vllm",
+                " with logprobs) are not available on lmi-dist with tensor parallelism; use "
+                "option.rolling_batch=vllm",
             )
         decode = self._tokenizer.decode
-        scored = await self._core.call("score_prompt", ids=ids, top_n=top_n)
+        scored = await self._core.call(
+            "score_prompt", ids=ids, top_n=top_n, adapter=adapter.int_id if adapter is not None else 0
+        )
         return [
             Token(tid, "", lp, top_logprobs=[(t, str(decode([t])), v) for t, v in top] if i else None)
             for i, (tid, lp, top) in enumerate(scored)
@@ -217,7 +222,6 @@ class LmiDistEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         params, prompt_ids = self.prepare(request)
         assert self._slots is not None and self._core is not None
-        scored = await self._score_prompt(prompt_ids, params.prompt_logprobs)
         adapter = request.adapter
         lora = self._slots_or_refuse() if adapter is not None else None
         # The core's id is unique per submission: a late cancel of an earlier request must never hit
@@ -235,6 +239,7 @@ class LmiDistEngine(EngineBase):
             if lora is not None and adapter is not None:
                 await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
                 adapter_held = True
+            scored = await self._score_prompt(prompt_ids, params.prompt_logprobs, adapter)
             await self._slots.acquire()
             self._waiting -= 1
             waiting = False

@@ -51,8 +51,9 @@ def _rope(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         return cached[1], cached[2]
     half = sin.shape[-1] // 2
     signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-    _rotary = (sin, cos.unsqueeze(1), signed.unsqueeze(1))
-    return _rotary[1], _rotary[2]
+    mine = (sin, cos.unsqueeze(1), signed.unsqueeze(1))
+    _rotary = mine
+    return mine[1], mine[2]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

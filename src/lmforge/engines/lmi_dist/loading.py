@@ -17,6 +17,7 @@ from lmforge.errors import LmforgeError
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.lora import LoraLayers
+    from lmforge.engines.lmi_dist.prompt_scores import ForwardGate
     from lmforge.engines.lmi_dist.sampler import RequestSampler
     from lmforge.engines.lmi_dist.sizing import KvCachePlan
     from lmforge.engines.structured import Grammars
@@ -36,6 +37,8 @@ class Built:
     max_model_len: int
     eos_ids: list[int]
     vocab_size: int
+    gate: ForwardGate
+    """Every forward pass of ``model`` takes it: the batch's steps and the prompt scorer's passes."""
     lora: LoraLayers | None = None
 
 
@@ -94,6 +97,7 @@ def build(cfg: ServingConfig) -> Built:
     from lmforge.engines.lmi_dist import attention
     from lmforge.engines.lmi_dist import sampler as sampler_mod
     from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
+    from lmforge.engines.lmi_dist.prompt_scores import ForwardGate
     from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
 
     mark("import")
@@ -134,6 +138,7 @@ def build(cfg: ServingConfig) -> Built:
         # LoRA adapts q/k/v and gate/up one by one: with adapters they stay separate layers
         lean_layers.install(model, fuse=not cfg.enable_lora)
         prepack(model, cfg.max_rolling_batch_size)
+    gate = ForwardGate(model)
     mark("weights")
 
     text_cfg = model.config.get_text_config()
@@ -226,4 +231,4 @@ def build(cfg: ServingConfig) -> Built:
         plan.total_bytes / 2**20,
         plan.max_batch_tokens,
     )
-    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, vocab_size, lora)
+    return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, vocab_size, gate, lora)

@@ -1,16 +1,31 @@
 """LMI-Dist: the log-probs of a prompt's own tokens (OpenAI completions' ``echo`` with ``logprobs``).
 
 transformers' batching manager scores the tokens it generates, never the prompt's, so the engine core
-scores the prompt by one plain forward pass over it, on its helper thread beside the running batch.
-Without the manager's paged cache the attention takes the stock SDPA path (:mod:`.attention`), and
-the model's weights are only read. The log-probs are the model's own (no temperature or penalties), as vLLM's
-``prompt_logprobs`` are.
+scores the prompt by one plain forward pass over it, on its helper thread. Without the manager's paged
+cache the attention takes the stock SDPA path (:mod:`.attention`), and the model's weights are only
+read. The log-probs are the model's own (no temperature or penalties), as vLLM's ``prompt_logprobs``
+are, with the request's adapter applied when it names one.
+
+That pass must never overlap a step of the running batch: a forward pass is not reentrant across
+threads. transformers 5.19's forward wrapper sets ``config.is_causal`` on the shared config for the
+length of a pass and puts back what it found, so a pass that starts while a batch step has it set
+reads the step's ``False``, attends without a causal mask, and can leave ``False`` behind for every
+later pass (prompt log-probs wrong by up to ~15 nats, alone or in a crowd, until the server restarts);
+the LoRA layers read the step's rows per adapter from shared state too. :class:`ForwardGate` makes
+every forward pass of the model, the batch's and the scorer's, take one lock in turn. A step waits at
+most one prompt's forward pass; the scorer waits at most one step.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmforge.engines.lmi_dist.lora import LoraLayers
 
 #: prompt positions scored per log-softmax (bounds the float32 copy of the logits)
 _ROWS = 256
@@ -19,9 +34,50 @@ Scored = list[tuple[int, float, list[tuple[int, float]]]]
 """Per prompt token: (id, log-prob, the ``top_n`` most likely alternatives as (id, log-prob))."""
 
 
-def score_prompt(model: Any, ids: list[int], top_n: int) -> Scored:
+class ForwardGate:
+    """One forward pass of ``model`` at a time, whichever thread calls it: the model's ``forward`` is
+    wrapped (on the instance) to hold :attr:`lock`, which a caller may also hold around a pass of its
+    own and the state it swaps in for it (re-entrant)."""
+
+    def __init__(self, model: Any) -> None:
+        self.lock = threading.RLock()
+        forward: Callable[..., Any] = model.forward
+        lock = self.lock
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return forward(*args, **kwargs)
+
+        model.forward = gated
+
+
+@contextmanager
+def _adapter_only(lora: LoraLayers | None, adapter_id: int) -> Iterator[None]:
+    """The LoRA layers apply ``adapter_id`` (0: none) to every row of the pass, then go back to the
+    running step's layout (the caller holds the gate, so no step runs meanwhile)."""
+    if lora is None:
+        yield
+        return
+    saved = lora.single, lora.step
+    lora.single, lora.step = (adapter_id or None), None
+    try:
+        yield
+    finally:
+        lora.single, lora.step = saved
+
+
+def score_prompt(
+    model: Any,
+    gate: ForwardGate,
+    ids: list[int],
+    top_n: int,
+    *,
+    lora: LoraLayers | None = None,
+    adapter_id: int = 0,
+) -> Scored:
     """One entry per prompt token: the first unscored (NaN, no alternatives), every other with its
-    log-prob given the tokens before it and its ``top_n`` most likely alternatives."""
+    log-prob given the tokens before it and its ``top_n`` most likely alternatives. ``adapter_id``
+    must be installed in ``lora`` (the caller holds its slot) when it is not 0."""
     import torch
 
     out: Scored = [(ids[0], math.nan, [])]
@@ -29,7 +85,9 @@ def score_prompt(model: Any, ids: list[int], top_n: int) -> Scored:
         return out
     with torch.inference_mode():
         input_ids = torch.tensor([ids], device=model.device)
-        logits = model(input_ids=input_ids, use_cache=False).logits[0, :-1]
+        with gate.lock, _adapter_only(lora, adapter_id):
+            # causal, said outright: never read from the shared config (see the module's docstring)
+            logits = model(input_ids=input_ids, use_cache=False, is_causal=True).logits[0, :-1]
         targets = input_ids[0, 1:]
         for start in range(0, targets.shape[0], _ROWS):
             rows = torch.log_softmax(logits[start : start + _ROWS].float(), dim=-1)
