@@ -122,6 +122,7 @@ _SHARED_GROUPS = {
     "tests/integration/test_local_instances.py": "local-sagemaker",
     "tests/integration/test_real_model.py": "smollm2",
     "tests/integration/test_smollm2_model.py": "smollm2",
+    "tests/integration/test_same_answer.py": "smollm2",
     "tests/integration/test_server.py": "tiny-server",
     "tests/integration/test_openai_client.py": "tiny-server",
     "tests/integration/test_bench_cli.py": "tiny-server",

@@ -39,6 +39,26 @@ def tiny_server(tiny_model: Path) -> Iterator[RemoteServer]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_vllm(
+    smollm2_model: Path, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
+) -> Iterator[RemoteServer]:
+    """vLLM on SmolLM2-135M (fp32, eager) through ``lmforge serve``, for the modules of the smollm2
+    group (test_real_model, test_same_answer: one pytest-xdist worker, so one start)."""
+    root = tmp_path_factory.mktemp("smollm2-vllm")
+    model = root / "model"
+    shutil.copytree(smollm2_model, model)
+    (model / "serving.properties").write_text(
+        "option.rolling_batch=vllm\noption.dtype=fp32\noption.enforce_eager=true\n"
+        "option.max_model_len=1024\noption.max_rolling_batch_size=8\n"
+    )
+    server = RemoteServer(model, env=vllm_env, startup_timeout=400).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def vllm_shared(
     tiny_model: Path,
     lora_adapters: dict[str, Path],

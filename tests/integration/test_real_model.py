@@ -20,7 +20,6 @@ a row's tokens) and the 540 MB of weights are read once per step for all of them
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -128,29 +127,11 @@ def _check_all(
 # --------------------------------------------------------------------------- vLLM over HTTP
 
 
-@pytest.fixture(scope="module")
-def vllm_server(
-    smollm2_model: Path, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
-) -> Iterator[RemoteServer]:
-    root = tmp_path_factory.mktemp("smollm2-vllm")
-    model = root / "model"
-    shutil.copytree(smollm2_model, model)
-    (model / "serving.properties").write_text(
-        "option.rolling_batch=vllm\noption.dtype=fp32\noption.enforce_eager=true\n"
-        "option.max_model_len=1024\noption.max_rolling_batch_size=8\n"
-    )
-    server = RemoteServer(model, env=vllm_env, startup_timeout=400).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.mark.vllm
-def test_vllm_over_http_agrees_with_transformers(vllm_server: RemoteServer, expected: Expected) -> None:
-    logs = vllm_server.log_path.read_text(errors="replace")
+def test_vllm_over_http_agrees_with_transformers(smollm2_vllm: RemoteServer, expected: Expected) -> None:
+    logs = smollm2_vllm.log_path.read_text(errors="replace")
     assert "vLLM on CPU: KV cache" in logs, "lmforge did not size vLLM's CPU KV cache itself"
-    url = vllm_server.url
+    url = smollm2_vllm.url
 
     def invoke(body: dict[str, Any]) -> dict[str, Any]:
         return dict(http_client().post(f"{url}/invocations", json=body, timeout=120).json())
@@ -269,7 +250,7 @@ def _without_ids(reply: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.vllm
 def test_structured_output_is_the_same_on_both_engines(
-    vllm_server: RemoteServer, lmi_dist_endpoint: str, clients: dict[str, Any]
+    smollm2_vllm: RemoteServer, lmi_dist_endpoint: str, clients: dict[str, Any]
 ) -> None:
     """The same grammar (xgrammar on both) over the same weights: greedy replies are identical, follow
     the schema, and read as an answer (LMI-Dist through the local SageMaker and boto3, vLLM over HTTP)."""
@@ -277,7 +258,7 @@ def test_structured_output_is_the_same_on_both_engines(
 
     def vllm(body: dict[str, Any]) -> dict[str, Any]:
         return dict(
-            http_client().post(f"{vllm_server.url}/v1/chat/completions", json=body, timeout=120).json()
+            http_client().post(f"{smollm2_vllm.url}/v1/chat/completions", json=body, timeout=120).json()
         )
 
     def lmi(body: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""The same answer alone or in a crowd, on real weights (SmolLM2-135M-Instruct, fp32), on LMI-Dist and
+vLLM: :mod:`tests.same_answer`'s probes sent one at a time and then all at once, shuffled, must give
+identical tokens and log-probs (within 1e-4); the prompt log-probs of the ``echo`` probes (what
+lm-eval-harness's log-likelihood requests read) must also equal a transformers forward pass over the
+prompt (within 1e-3, the cross-engine tolerance of test_real_model.py).
+
+Before the fix of 2026-11-28, LMI-Dist scored prompts in a forward pass that could overlap a batch
+step and read its non-causal setting from the shared model config: 4-7 of 8 echo requests in a crowd
+got log-probs off by up to 15 nats, and kept them afterwards alone. This module fails on that code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lmforge.testing.server import RemoteServer
+from tests.same_answer import Probe, echo_probe, prompt_logprobs, same_alone_and_in_a_crowd, standard_probes
+from tests.shared_vllm import needs_vllm
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: prompts of different lengths (2 to ~40 tokens), so prefill and decode rows of other lengths share steps
+PROMPTS = (
+    "The capital of France is",
+    "Water boils at one hundred degrees Celsius at sea level, and it freezes at",
+    "def add(a, b):\n    return",
+    "In 1492 Columbus sailed the ocean blue. In 1969 people first walked on the moon. The first "
+    "programmable computer was built in",
+    "One two",
+    "Photosynthesis converts light energy into chemical energy in plants, algae and",
+)
+REFERENCE_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def reference_scores(smollm2_model: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """transformers' log-prob of each prompt token given those before it (one forward pass)."""
+    import torch
+
+    from tests.conftest import Reference
+
+    torch.set_num_threads(1)
+    ref = Reference(smollm2_model)
+    out = {}
+    for prompt in PROMPTS:
+        ids = list(ref.tokenizer(prompt)["input_ids"])
+        with torch.inference_mode():
+            logits = ref.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        out[prompt] = ids, [logits[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    return out
+
+
+def _probes() -> list[Probe]:
+    return [
+        *standard_probes(PROMPTS),
+        *(echo_probe(f"score-{i}", p, max_tokens=0) for i, p in enumerate(PROMPTS)),
+    ]
+
+
+def _check_against_transformers(answers: dict, reference: dict[str, tuple[list[int], list[float]]]) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        ids, want = reference[prompt]
+        got = prompt_logprobs(answers[f"score-{i}"], len(ids))
+        assert got[0] is None, f"{prompt!r}: the first prompt token has no log-prob"
+        worst = max(abs(g - w) for g, w in zip(got[1:], want, strict=True))
+        assert worst <= REFERENCE_TOL, f"{prompt!r}: prompt log-probs {got[1:]} vs transformers {want}"
+
+
+@pytest.fixture(scope="module")
+def lmi_dist(smollm2_model: Path) -> RemoteServer:
+    assert "option.rolling_batch=lmi-dist" in (smollm2_model / "serving.properties").read_text()
+    with RemoteServer(smollm2_model) as server:
+        yield server
+
+
+def test_lmi_dist_same_alone_and_in_a_crowd(lmi_dist: RemoteServer, reference_scores: dict) -> None:
+    answers = same_alone_and_in_a_crowd(lmi_dist.url, _probes())
+    _check_against_transformers(answers, reference_scores)
+    # and still right alone after the crowds (a crowd once left the scorer broken for good)
+    again = same_alone_and_in_a_crowd(lmi_dist.url, _probes()[-len(PROMPTS) :], rounds=0)
+    _check_against_transformers(again, reference_scores)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_same_alone_and_in_a_crowd(smollm2_vllm: RemoteServer, reference_scores: dict) -> None:
+    answers = same_alone_and_in_a_crowd(smollm2_vllm.url, _probes())
+    _check_against_transformers(answers, reference_scores)

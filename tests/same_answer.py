@@ -1,0 +1,279 @@
+"""The differential harness: the same request gives the same answer alone or in a crowd.
+
+Every :class:`Probe` (a route, a body, streamed or not) is sent one at a time, then all of them at once
+in a shuffled order (twice, each round in another order), and each crowd answer must equal its alone
+answer: the same token texts/ids, the same finish reason and text, and every log-prob (generated,
+alternatives, prompt) within :data:`TOL`. Answers are reduced to one shape per route first
+(:func:`reduce`), so a stream that groups its tokens into other chunks under load still compares.
+
+The probes cover every per-request value an engine computes inside a shared batch: prompt log-probs
+with ``echo`` (lm-eval-harness's log-likelihood requests), generated log-probs with alternatives on
+the three routes, seeded sampling, repetition/presence/frequency penalties, structured output, and
+(where the server has adapters) LoRA; prompts of different lengths share each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+#: alone and in a crowd, fp32 on one CPU thread: the batch changes the order of the sums only
+TOL = 1e-4
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+LMI = "/invocations"
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream"))
+
+
+Answer = dict[str, Any]
+"""One reply reduced: ``text``, ``finish``, ``tokens`` (text or id), ``logprobs``, ``top`` (per
+token: sorted (token, log-prob) pairs) and, with ``echo``, the prompt's part of those."""
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def echo_probe(name: str, prompt: str, max_tokens: int = 1, **extra: Any) -> Probe:
+    """lm-eval-harness's log-likelihood request: the prompt scored, with (or without) a token after."""
+    body = {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": max_tokens, "temperature": 0}
+    return Probe(name, COMPLETIONS, {**body, **extra})
+
+
+def standard_probes(prompts: Sequence[str], *, model: str | None = None) -> list[Probe]:
+    """The probes every engine must answer alike alone and in a crowd (``prompts``: at least 4, of
+    different lengths); ``model`` names the model or an adapter on the OpenAI routes."""
+    named = {"model": model} if model else {}
+    p = list(prompts)
+    chat = [{"role": "user", "content": p[1]}]
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    greedy = {"temperature": 0, **named}
+    return [
+        *(echo_probe(f"echo-{i}", prompt, **named) for i, prompt in enumerate(p)),
+        echo_probe("echo-only", p[2], max_tokens=0, logprobs=2, **named),
+        echo_probe("echo-streamed", p[3], max_tokens=4, stream=True, **named),
+        Probe("completion", COMPLETIONS, {"prompt": p[0], "max_tokens": 8, "logprobs": 2, **greedy}),
+        Probe(
+            "completion-streamed",
+            COMPLETIONS,
+            {"prompt": p[2], "max_tokens": 8, "logprobs": 2, "stream": True, **greedy},
+        ),
+        Probe(
+            "completion-seeded",
+            COMPLETIONS,
+            {"prompt": p[1], "max_tokens": 8, "logprobs": 1, "temperature": 0.9, "seed": 11, **named},
+        ),
+        Probe(
+            "completion-penalties",
+            COMPLETIONS,
+            {
+                "prompt": p[3],
+                "max_tokens": 8,
+                "logprobs": 1,
+                "presence_penalty": 0.8,
+                "frequency_penalty": 0.5,
+                **greedy,
+            },
+        ),
+        Probe(
+            "chat",
+            CHAT,
+            {"messages": chat, "max_tokens": 8, "logprobs": True, "top_logprobs": 2, **greedy},
+        ),
+        Probe(
+            "chat-streamed",
+            CHAT,
+            {
+                "messages": [{"role": "user", "content": p[0]}],
+                "max_tokens": 8,
+                "logprobs": True,
+                "top_logprobs": 2,
+                "stream": True,
+                **greedy,
+            },
+        ),
+        Probe(
+            "chat-structured",
+            CHAT,
+            {
+                "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+                "max_tokens": 16,
+                "logprobs": True,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+                **greedy,
+            },
+        ),
+        Probe("lmi", LMI, _lmi(p[3], {"top_n_tokens": 2})),
+        Probe("lmi-streamed", LMI, {**_lmi(p[1], {"top_n_tokens": 2}), "stream": True}),
+        Probe("lmi-repetition", LMI, _lmi(p[0], {"repetition_penalty": 1.3})),
+        Probe("lmi-sampled", LMI, _lmi(p[2], {"do_sample": True, "temperature": 0.8, "seed": 5})),
+    ]
+
+
+def _lmi(prompt: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"inputs": prompt, "parameters": {"max_new_tokens": 8, "details": True, **parameters}}
+
+
+# --------------------------------------------------------------------------- reducing answers
+
+
+def reduce(probe: Probe, resp: httpx.Response) -> Answer:
+    assert resp.status_code == 200, f"{probe.name}: {resp.status_code} {resp.text[:500]}"
+    if probe.path == LMI:
+        if probe.stream:
+            return _lmi_stream([json.loads(x) for x in resp.text.splitlines() if x.strip()])
+        return _lmi_reply(resp.json())
+    if not probe.stream:
+        return _openai(probe.path, [resp.json()])
+    events = resp.text.split("\n\n")
+    chunks = [json.loads(e[len("data: ") :]) for e in events if e.startswith("data: {")]
+    return _openai(probe.path, chunks)
+
+
+def _pairs(items: Iterable[dict[str, Any]], key: str, value: str) -> list[tuple[Any, float]]:
+    return sorted((item[key], item[value]) for item in items)
+
+
+def _lmi_reply(body: dict[str, Any]) -> Answer:
+    details = body["details"]
+    tokens = details["tokens"]
+    top = details.get("top_tokens") or []
+    return {
+        "text": body["generated_text"],
+        "finish": details["finish_reason"],
+        "tokens": [t["id"] for t in tokens],
+        "logprobs": [t["log_prob"] for t in tokens],
+        "top": [_pairs(step, "id", "log_prob") for step in top],
+    }
+
+
+def _lmi_stream(lines: list[dict[str, Any]]) -> Answer:
+    last = lines[-1]
+    return {
+        "text": last["generated_text"],
+        "finish": (last.get("details") or {}).get("finish_reason"),
+        "tokens": [line["token"]["id"] for line in lines],
+        "logprobs": [line["token"]["log_prob"] for line in lines],
+        "top": [_pairs(line.get("top_tokens") or [], "id", "log_prob") for line in lines],
+    }
+
+
+def _openai(path: str, chunks: list[dict[str, Any]]) -> Answer:
+    """Completions or chat, one reply or a stream's chunks: every choice's parts joined, by index."""
+    answers: dict[int, Answer] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            out = answers.setdefault(
+                choice["index"], {"text": "", "finish": None, "tokens": [], "logprobs": [], "top": []}
+            )
+            if path == CHAT:
+                part = choice.get("message") or choice.get("delta") or {}
+                out["text"] += part.get("content") or ""
+                for entry in (choice.get("logprobs") or {}).get("content") or []:
+                    out["tokens"].append(entry["token"])
+                    out["logprobs"].append(entry["logprob"])
+                    out["top"].append(_pairs(entry.get("top_logprobs") or [], "token", "logprob"))
+            else:
+                out["text"] += choice.get("text") or ""
+                logprobs = choice.get("logprobs") or {}
+                out["tokens"] += logprobs.get("tokens") or []
+                out["logprobs"] += logprobs.get("token_logprobs") or []
+                out["top"] += [sorted((t or {}).items()) for t in logprobs.get("top_logprobs") or []]
+            out["finish"] = choice.get("finish_reason") or out["finish"]
+    assert answers, f"no choices in {chunks[:2]}"
+    if len(answers) == 1:
+        return answers[0]
+    return {"choices": [answers[i] for i in sorted(answers)]}
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def differences(a: Any, b: Any, tol: float = TOL, where: str = "") -> list[str]:
+    """Where ``a`` and ``b`` differ: strings, ids and None exactly, floats within ``tol``."""
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None or not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            return [f"{where}: {a!r} != {b!r}"]
+        if math.isnan(a) and math.isnan(b):
+            return []
+        return [] if abs(a - b) <= tol else [f"{where}: {a!r} vs {b!r} (|d| {abs(a - b):.2e})"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a)} != {sorted(b)}"]
+        return [d for k in a for d in differences(a[k], b[k], tol, f"{where}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items != {len(b)}: {a!r} vs {b!r}"]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in differences(x, y, tol, f"{where}[{i}]")
+        ]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+async def _send(client: httpx.AsyncClient, url: str, probe: Probe) -> Answer:
+    resp = await client.post(url + probe.path, json=probe.body, headers=probe.headers)
+    return reduce(probe, resp)
+
+
+async def _alone_then_crowds(
+    url: str, probes: list[Probe], rounds: int, seed: int
+) -> tuple[list[Answer], list[list[Answer]]]:
+    limits = httpx.Limits(max_connections=len(probes) + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        alone = [await _send(client, url, p) for p in probes]
+        crowds = []
+        rng = random.Random(seed)
+        for _ in range(rounds):
+            order = list(range(len(probes)))
+            rng.shuffle(order)
+            got = await asyncio.gather(*(_send(client, url, probes[i]) for i in order))
+            answers: list[Answer] = [{}] * len(probes)
+            for i, answer in zip(order, got, strict=True):
+                answers[i] = answer
+            crowds.append(answers)
+    return alone, crowds
+
+
+def same_alone_and_in_a_crowd(
+    url: str, probes: list[Probe], *, rounds: int = 2, seed: int = 0, tol: float = TOL
+) -> dict[str, Answer]:
+    """Send ``probes`` alone, then ``rounds`` times all at once (shuffled); assert every crowd answer
+    equals the alone one. Returns the alone answers by probe name."""
+    names = [p.name for p in probes]
+    assert len(set(names)) == len(names), "probe names must be unique"
+    alone, crowds = asyncio.run(_alone_then_crowds(url, probes, rounds, seed))
+    problems = []
+    for r, crowd in enumerate(crowds):
+        for probe, one, many in zip(probes, alone, crowd, strict=True):
+            problems += [f"round {r} {probe.name}{d}" for d in differences(one, many, tol)]
+    assert not problems, "answers changed in a crowd:\n" + "\n".join(problems[:40])
+    return dict(zip(names, alone, strict=True))
+
+
+def prompt_logprobs(answer: Answer, prompt_len: int) -> list[float | None]:
+    """The prompt's part of an ``echo`` answer's log-probs (the first is None: nothing before it)."""
+    return list(answer["logprobs"][:prompt_len])
