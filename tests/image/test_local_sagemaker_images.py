@@ -232,6 +232,17 @@ def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
     )
     assert "[3/5]" not in refused.stderr, "nothing is uploaded before the image is known to be there"
 
+    from lmforge.container.build import has_nvidia_gpu
+
+    if not has_nvidia_gpu():  # a GPU instance type: the first message says why not here, and what instead
+        gpu_args = (*args[:-1], "ml.g5.2xlarge")
+        on_gpu = subprocess.run(
+            [sys.executable, "-m", "lmforge", *gpu_args], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert on_gpu.returncode == 1 and "needs an NVIDIA GPU" in on_gpu.stderr, on_gpu.stderr
+        assert "--instance-type ml.m5.xlarge" in on_gpu.stderr and "lmforge-cpu:" in on_gpu.stderr
+        assert "not in ECR yet" not in on_gpu.stderr
+
     shipped = lmforge(*args, "--build-image", env=env, timeout=900)
     uri = f"123456789012.dkr.ecr.{region}.amazonaws.com/lmforge-cpu:{__version__}"
     assert f"image {uri}" in shipped.stderr and "shipped: InService" in shipped.stdout

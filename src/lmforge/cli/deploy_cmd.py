@@ -147,7 +147,7 @@ def deploy_command(
     region = region_or_fail(region)
     _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
 
-    image_uri = _image(image, resolved.config, instance_type, region, build_image, engine)
+    image_uri = _image(image, resolved.config, instance_type, region, build_image, engine, model_dir)
     plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
     health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
     download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
@@ -216,7 +216,13 @@ def _autoscale(text: str | None, target: float, instance_count: int, no_wait: bo
 
 
 def _image(
-    option: str | None, config: Any, instance_type: str, region: str, build: bool, engine: str | None
+    option: str | None,
+    config: Any,
+    instance_type: str,
+    region: str,
+    build: bool,
+    engine: str | None,
+    model_dir: Path,
 ) -> str:
     """The image to deploy, refused before anything is uploaded when it cannot serve ``config``; lmforge's
     default image is checked in ECR (and built and pushed with ``build``)."""
@@ -234,13 +240,55 @@ def _image(
     if choice.kind == "lmforge" and choice.flavour is not None:
         from lmforge.local.control import targeted_mode
 
-        if targeted_mode() == "process":
+        mode = targeted_mode()
+        if mode == "process":
             _echo(
                 f"      the local SageMaker runs in process mode: lmforge's server stands in for {choice.uri}"
             )
         else:
+            if mode == "image":
+                _refuse_gpu_image_without_gpu(
+                    choice.flavour, config, instance_type, model_dir, account, region
+                )
             _ensure_in_ecr(choice.uri, choice.flavour, region, build, engine)
     return choice.uri
+
+
+def _refuse_gpu_image_without_gpu(
+    name: str, config: Any, instance_type: str, model_dir: Path, account: str, region: str
+) -> None:
+    """The local SageMaker runs images on this machine: a GPU image cannot start where there is no
+    NVIDIA GPU. Say so first (not that the image is missing from ECR, whose build would then refuse),
+    and how to try the same model here."""
+    from lmforge.container.build import has_nvidia_gpu
+    from lmforge.container.flavours import FlavourError, load_flavour
+    from lmforge.deploy.images import CPU_FLAVOURS, lmforge_image_uri
+
+    try:
+        if not load_flavour(name).gpu or has_nvidia_gpu():
+            return
+    except FlavourError:
+        return
+    head = (
+        f"{instance_type} takes lmforge's {name} image, which needs an NVIDIA GPU, and the local SageMaker "
+        "runs endpoints on this machine, which has none (nvidia-smi finds no GPU)."
+    )
+    cpu = CPU_FLAVOURS.get(config.rolling_batch)
+    if cpu is None:
+        raise click.ClickException(
+            f"{head} option.rolling_batch={config.rolling_batch} has no CPU image; to try this model here, "
+            "set option.rolling_batch=lmi-dist (or vllm) and use a CPU instance type such as ml.m5.xlarge"
+        )
+    stand_in = lmforge_image_uri(cpu, account, region)
+    raise click.ClickException(
+        f"{head} To try this model here, either\n"
+        f"  use a CPU instance type (lmforge's {cpu} image):\n"
+        f"    lmforge deploy {model_dir} --instance-type ml.m5.xlarge ...\n"
+        f"  or keep {instance_type} with the {cpu} image standing in for the GPU image (what runs is the "
+        f"{cpu} image, not what a real {instance_type} endpoint would run):\n"
+        f"    lmforge deploy {model_dir} --instance-type {instance_type} --image {stand_in} ...\n"
+        f"Add --build-image if the {cpu} image is not in the local ECR yet."
+    )
 
 
 def _ensure_in_ecr(uri: str, flavour: str, region: str, build: bool, engine: str | None) -> None:
