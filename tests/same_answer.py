@@ -8,8 +8,9 @@ alternatives, prompt) within :data:`TOL`. Answers are reduced to one shape per r
 
 The probes cover every per-request value an engine computes inside a shared batch: prompt log-probs
 with ``echo`` (lm-eval-harness's log-likelihood requests), generated log-probs with alternatives on
-the three routes, seeded sampling, repetition/presence/frequency penalties, structured output, and
-(where the server has adapters) LoRA; prompts of different lengths share each step.
+the three routes, seeded sampling, repetition/presence/frequency penalties, structured output,
+batched prompts (a list of prompts, with ``n``), and (where the server has adapters) LoRA;
+prompts of different lengths share each step.
 """
 
 from __future__ import annotations
@@ -123,6 +124,25 @@ def standard_probes(prompts: Sequence[str], *, model: str | None = None) -> list
                 "logprobs": True,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
                 **greedy,
+            },
+        ),
+        Probe(
+            "batched-echo",
+            COMPLETIONS,
+            {"prompt": [p[1], p[0], p[3]], "echo": True, "logprobs": 1, "max_tokens": 2, **greedy},
+        ),
+        Probe(
+            "batched-seeded-streamed",
+            COMPLETIONS,
+            {
+                "prompt": [p[2], p[0]],
+                "n": 2,
+                "max_tokens": 6,
+                "logprobs": 1,
+                "temperature": 0.8,
+                "seed": 3,
+                "stream": True,
+                **named,
             },
         ),
         Probe("lmi", LMI, _lmi(p[3], {"top_n_tokens": 2})),

@@ -689,9 +689,14 @@ def test_openai_edge_cases_real_clients_send(tiny_model: Path) -> None:
         done = await srv.client.post("/v1/completions", json={"prompt": PROMPT, "echo": None, **neutral})
         assert done.status_code == 200, done.text
         for body, param in (
-            ({"prompt": ["a", "b"]}, "prompt"),
             ({"prompt": ""}, "prompt"),
-            ({"prompt": [[1, 2], [3]]}, "prompt"),
+            ({"prompt": []}, "prompt"),
+            ({"prompt": [-1, 2]}, "prompt"),
+            ({"prompt": ["a", ""]}, "prompt.1"),  # lists of prompts name the prompt at fault
+            ({"prompt": [[1, 2], []]}, "prompt.1"),
+            ({"prompt": [[1, 2], [3, -4]]}, "prompt.1"),
+            ({"prompt": [[1], [vocab]]}, "prompt.1"),
+            ({"prompt": ["a", 1]}, "prompt"),
             ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
             ({"prompt": "x", "response_format": {"type": "json_objects"}}, "response_format"),
             ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),  # chat only

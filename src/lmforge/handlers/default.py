@@ -1,4 +1,5 @@
-"""The default handler: LMI/TGI and chat requests on the configured engine, streamed or not."""
+"""The default handler: LMI/TGI, chat and completions requests on the configured engine, streamed or
+not, and vLLM's tokenizer routes on its tokenizer."""
 
 from __future__ import annotations
 
@@ -16,17 +17,21 @@ from lmforge.engines.protocol import (
     FieldError,
     GenerationEvent,
     GenerationRequest,
+    RequestField,
     SamplingParams,
 )
 from lmforge.errors import BadRequestError, LmforgeError, NotFoundError
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers import openai_formatters as ofmt
-from lmforge.handlers import streams
-from lmforge.handlers.fields import in_client_terms
+from lmforge.handlers import streams, tokenization
+from lmforge.handlers.chat_template import check_variables, render_chat
+from lmforge.handlers.fields import client_name, in_client_terms
 from lmforge.handlers.io import Input, Output
 from lmforge.handlers.logprobs import TokenText
+from lmforge.handlers.openai_api import template_messages
 from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.handlers.requests import CHAT_ROUTE, COMPLETIONS_ROUTE, ParsedRequest, parse_body, parse_request
+from lmforge.handlers.tools import template_tools
 
 if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
@@ -98,6 +103,13 @@ class DefaultHandler:
             f"The model `{named}` does not exist. Valid aliases: {names}{also}.", param="model"
         )
 
+    def _check_model(self, named: str | None) -> None:
+        """An OpenAI ``model`` must name the served model or a registered adapter (vLLM's 404)."""
+        if not named or named in self._served_names():
+            return
+        if self.adapters is None or self.adapters.find(named) is None:
+            raise self._unknown_model(named)
+
     def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
         """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
         (``adapters``) or ``?adapter=``."""
@@ -117,13 +129,12 @@ class DefaultHandler:
         }
         if req.openai and "model" in wanted:
             named = wanted["model"]
+            if inputs.route in OPENAI_ROUTES:
+                self._check_model(named)
             if named in self._served_names():
                 del wanted["model"]  # the OpenAI model field names the served model, not an adapter
-            elif self.adapters is None or self.adapters.find(named) is None:
-                if inputs.route in OPENAI_ROUTES:
-                    raise self._unknown_model(named)
-                if self.adapters is None:  # /invocations: SageMaker routes by endpoint, and its
-                    del wanted["model"]  # clients send any model name
+            elif self.adapters is None:  # /invocations: SageMaker routes by endpoint, and its
+                del wanted["model"]  # clients send any model name
         if not wanted:
             return None
         if len(set(wanted.values())) > 1:
@@ -171,37 +182,31 @@ class DefaultHandler:
                 param=param,
             )
 
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``text``'s token ids, as the engines tokenize a prompt (:meth:`EngineBase.prepare`)."""
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _check_param_ids(self, params: SamplingParams) -> None:
+        if params.logit_bias:
+            self._check_ids((t for t, _ in params.logit_bias), "logit_bias")
+        if params.stop_token_ids:
+            self._check_ids(params.stop_token_ids, "stop_token_ids")
+
     def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
-        if req.params.logit_bias:
-            self._check_ids((t for t, _ in req.params.logit_bias), "logit_bias")
-        if req.params.stop_token_ids:
-            self._check_ids(req.params.stop_token_ids, "stop_token_ids")
+        """One prompt as the engine takes it (text or ids), and whether it adds special tokens."""
         if req.prompt_ids is not None:
-            self._check_ids(req.prompt_ids, "prompt")
+            self._check_ids(req.prompt_ids, client_name(RequestField.PROMPT, req) or "prompt")
             return req.prompt_ids, True
         if not req.chat:
             return req.prompt, True
-        tokenizer = self.engine.tokenizer
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise BadRequestError(
-                "this model has no chat template; send 'inputs' instead of 'messages'", param="messages"
-            )
-        try:
-            extra = {"tools": req.tools} if req.tools else {}
-            text = tokenizer.apply_chat_template(
-                req.messages, add_generation_prompt=True, tokenize=False, **extra
-            )
-        except Exception as exc:  # a template may raise on roles it does not support
-            raise BadRequestError(
-                f"the chat template rejected the messages: {exc}", param="messages"
-            ) from None
-        return str(text), False
+        text = render_chat(self.engine.tokenizer, req.messages or [], tools=req.tools)
+        return text, False
 
     def _to_model_length(self, prompt: str, params: SamplingParams) -> tuple[list[int], SamplingParams]:
         """A chat request with no max_tokens may generate up to the model's remaining length (as
         OpenAI and vLLM do), capped by option.max_output_len; not the LMI default length. Returns the
         rendered prompt's token ids (the engine takes them as they are: tokenized once) and the params."""
-        ids: list[int] = self.engine.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = self.encode(prompt, add_special_tokens=False)
         limit = int(getattr(self.engine, "max_model_len", 0) or 0)
         room = limit - len(ids)
         if self.config.max_output_len is not None:
@@ -218,22 +223,28 @@ class DefaultHandler:
             auto_tools=self.config.enable_auto_tool_choice,
         )
         media = self._media_type(req, inputs.get_property("accept"), inputs.route)
-        prompt, add_special = self._prompt(req)
-        params = req.params
-        if req.chat and not req.length_given and isinstance(prompt, str):
-            prompt, params = self._to_model_length(prompt, params)
+        self._check_param_ids(req.params)
+        prompts = [(each, *self._prompt(each)) for each in req.each_prompt()]
         adapter = self._adapter(req, inputs)
         # OpenAI answers name what served them: the adapter, else the model
         served = adapter.name if adapter is not None else self.engine.model_name
-        request = GenerationRequest(
-            request_id=_request_id(inputs),
-            prompt=prompt,
-            params=params,
-            add_special_tokens=add_special,
-            adapter=adapter,
-        )
-        if req.n > 1:
-            return await self._choices(req, served, request, media)
+        request_id = _request_id(inputs)
+        requests: list[tuple[ParsedRequest, GenerationRequest]] = []
+        for each, prompt, add_special in prompts:
+            params = each.params
+            if each.chat and not each.length_given and isinstance(prompt, str):
+                prompt, params = self._to_model_length(prompt, params)
+            request = GenerationRequest(
+                request_id=request_id,
+                prompt=prompt,
+                params=params,
+                add_special_tokens=add_special,
+                adapter=adapter,
+            )
+            requests.append((each, request))
+        if len(requests) > 1 or req.n > 1:
+            return await self._choices(req.n, served, requests, media)
+        req, request = requests[0]
         events = self._generate(request, req)
         try:
             first = await anext(events)  # validation happens here, before any byte is sent
@@ -262,36 +273,34 @@ class DefaultHandler:
         return streams.prompt_only(events) if req.echo_only else events
 
     async def _choices(
-        self, req: ParsedRequest, served: str, request: GenerationRequest, media: str | None
+        self,
+        n: int,
+        served: str,
+        requests: list[tuple[ParsedRequest, GenerationRequest]],
+        media: str | None,
     ) -> Output:
-        """OpenAI's ``n`` > 1: one engine request per choice, all in the running batch at once, answered
-        together (choice ``i`` of a seeded request samples with seed + i)."""
-        requests = []
-        for i in range(req.n):
-            params = request.params
-            if params.seed is not None:
-                params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-            rid = f"{request.request_id}-{i}"
-            requests.append(dataclasses.replace(request, request_id=rid, params=params))
-        sources = [self._generate(r, req) for r in requests]
+        """OpenAI's ``n`` > 1 or a list of prompts: one engine request per choice, all in the running batch
+        at once, answered together. Choice ``p * n + i`` is prompt ``p``'s ``i``-th (vLLM's order), and
+        samples as choice ``i`` of that prompt alone would (a seeded one with seed + i)."""
+        choices: list[tuple[ParsedRequest, GenerationRequest]] = []
+        for each, request in requests:
+            for i in range(n):
+                params = request.params
+                if params.seed is not None:
+                    params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
+                rid = f"{request.request_id}-{len(choices)}"
+                choices.append((each, dataclasses.replace(request, request_id=rid, params=params)))
+        sources = [self._generate(r, each) for each, r in choices]
         firsts = await asyncio.gather(*(anext(s) for s in sources), return_exceptions=True)
-        failed = next((f for f in firsts if isinstance(f, BaseException)), None)
-        if failed is None:
-            failed = next(
-                (
-                    err
-                    for f in firsts
-                    if isinstance(f, GenerationEvent) and (err := streams.failure(f, openai=True)) is not None
-                ),
-                None,
-            )
-        if failed is not None:
-            await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
-            if isinstance(failed, FieldError):
-                raise in_client_terms(failed, req) from None
-            raise failed
+        for (each, _), first in zip(choices, firsts, strict=True):
+            err = first if isinstance(first, BaseException) else streams.failure(first, openai=True)
+            if err is not None:  # the first choice that failed decides the answer (naming its prompt)
+                await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
+                if isinstance(err, FieldError):
+                    raise in_client_terms(err, each) from None
+                raise err
         starts = [f for f in firsts if isinstance(f, GenerationEvent)]
-        formatters = [self._openai_formatter(req, served) for _ in range(req.n)]
+        formatters = [self._openai_formatter(each, served) for each, _ in choices]
         for i, formatter in enumerate(formatters):
             formatter.index, formatter.id, formatter.created = i, formatters[0].id, formatters[0].created
         out = Output()
@@ -303,11 +312,11 @@ class DefaultHandler:
                 await asyncio.gather(*(s.aclose() for s in sources), return_exceptions=True)
             bodies = [f.final_json(events) for f, events in zip(formatters, collected, strict=True)]
             answer = {**bodies[0], "choices": [b["choices"][0] for b in bodies]}
-            answer["usage"] = ofmt.choices_usage(list(formatters))
+            answer["usage"] = ofmt.choices_usage(formatters, n)
             return out.add_as_json(answer)
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(streams.merged_choices(formatters, starts, sources, media))
+        return out.add_stream_content(streams.merged_choices(formatters, n, starts, sources, media))
 
     async def _collect(
         self,
@@ -387,6 +396,41 @@ class DefaultHandler:
 
         adapters = self.adapters.all() if self.adapters is not None else []
         return {"object": "list", "data": [entry(base), *(entry(a.name, parent=base) for a in adapters)]}
+
+    # ------------------------------------------------------------------ vLLM's tokenizer routes
+
+    def tokenize(self, raw: bytes) -> dict[str, Any]:
+        """``POST /tokenize``: a prompt's ids as a completions request tokenizes it, or chat messages'
+        as a chat request renders and tokenizes them."""
+        req = tokenization.parse_tokenize(parse_body(raw, None))
+        self._check_model(req.model)
+        if isinstance(req, tokenization.TokenizeChat):
+            variables = req.chat_template_kwargs or {}
+            check_variables(self.engine.tokenizer, variables, "chat_template_kwargs")
+            text = render_chat(
+                self.engine.tokenizer,
+                template_messages(req.messages),
+                tools=template_tools(req.tools),
+                add_generation_prompt=req.generation_prompt(),
+                continue_final_message=req.continue_final_message,
+                variables=variables,
+            )
+        else:
+            text = req.prompt
+        ids = self.encode(text, req.add_special_tokens)
+        limit = int(getattr(self.engine, "max_model_len", 0) or 0)
+        return tokenization.tokenize_answer(ids, limit, self.engine.tokenizer, bool(req.return_token_strs))
+
+    def detokenize(self, raw: bytes) -> dict[str, Any]:
+        """``POST /detokenize``: the text of token ids (special tokens included, as vLLM decodes them)."""
+        req = tokenization.parse_detokenize(parse_body(raw, None))
+        self._check_model(req.model)
+        self._check_ids(req.tokens, "tokens")
+        return {"prompt": str(self.engine.tokenizer.decode(req.tokens))}
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """``GET /tokenizer_info``: the tokenizer's settings (vLLM's shape)."""
+        return tokenization.tokenizer_info(self.engine.tokenizer)
 
 
 def _request_id(inputs: Input) -> str:

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lmforge.engines.protocol import FieldError, RequestField
+from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
-    from lmforge.errors import BadRequestError
     from lmforge.handlers.request_common import Api, ParsedRequest
 
 F = RequestField
@@ -80,9 +80,17 @@ def client_name(field: RequestField, req: ParsedRequest) -> str | None:
         return req.length_field
     if field is RequestField.STRUCTURED:
         return req.structured_field if req.openai else None
-    return NAMES[req.api][field]
+    name = NAMES[req.api][field]
+    if field is RequestField.PROMPT and req.prompt_index is not None:
+        return f"{name}.{req.prompt_index}"  # one of a list of prompts
+    return name
 
 
 def in_client_terms(err: FieldError, req: ParsedRequest) -> BadRequestError:
-    """An engine's refusal as the client reads it: ``param`` and message name its API's fields."""
-    return err.named(lambda field: client_name(field, req))
+    """An engine's refusal as the client reads it: ``param`` and message name its API's fields; the
+    refusal of one of a list of prompts says which (``prompt.2: ...``)."""
+    named = err.named(lambda field: client_name(field, req))
+    where = client_name(RequestField.PROMPT, req) if req.prompt_index is not None else None
+    if where is None or where in named.message:
+        return named
+    return BadRequestError(f"{where}: {named.message}", param=named.param)

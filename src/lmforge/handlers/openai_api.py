@@ -32,13 +32,20 @@ from lmforge.handlers.tools import (
     ToolChoice,
     Tools,
     response_format_constraint,
+    template_tools,
     tool_plan,
 )
 
 #: OpenAI's default max_tokens for completions (chat has none: the model's remaining length)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-#: most choices (``n``) one request may ask for
+#: most choices (``n``) one request may ask for per prompt
 MAX_CHOICES = 16
+#: most choices one completions request may ask for in all: its prompts x ``n``, each its own engine
+#: request (lm-eval-harness sends ``batch_size`` prompts in one request)
+MAX_BATCH_CHOICES = 256
+
+#: one completions prompt: its text, or its token ids
+Prompt = str | list[int]
 
 
 class TextPart(BaseModel):
@@ -205,15 +212,9 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: (
-        Annotated[str, Field(min_length=1)]
-        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
-        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-        | Annotated[
-            list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
-            Field(min_length=1, max_length=1),
-        ]
-    )
+    prompt: str | list[str] | list[int] | list[list[int]]
+    """OpenAI's four forms: a text, several texts, one prompt's token ids, several prompts' token ids
+    (checked by :func:`completion_prompts`, whose errors name the prompt at fault)."""
     max_tokens: Annotated[int, Field(ge=0)] | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     """0 only with ``echo``: the prompt (and its log-probs) without generating, as lm-eval-harness's
     log-likelihood requests ask."""
@@ -227,6 +228,17 @@ class CompletionRequest(_Sampling):
     best_of: Literal[1] | None = None
 
 
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """``messages`` as the chat template takes them (chat completions and ``/tokenize`` alike)."""
+    for i, m in enumerate(messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise BadRequestError(
+                f"messages.{i}.content is required (only an assistant turn with tool_calls may omit it)",
+                param=f"messages.{i}.content",
+            )
+    return [m.for_template() for m in messages]
+
+
 def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bool = False) -> ParsedRequest:
     try:
         req = ChatRequest.model_validate(body)
@@ -235,12 +247,7 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
     req.check_stream_options()
     if req.top_logprobs and not req.logprobs:
         raise BadRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-    for i, m in enumerate(req.messages):
-        if m.content is None and not (m.role == "assistant" and m.tool_calls):
-            raise BadRequestError(
-                f"messages.{i}.content is required (only an assistant turn with tool_calls may omit it)",
-                param=f"messages.{i}.content",
-            )
+    messages = template_messages(req.messages)
     wants_format = req.response_format is not None and req.response_format.type != "text"
     if wants_format and req.tools and req.tool_choice != "none":
         raise BadRequestError("response_format cannot be combined with tools", param="response_format")
@@ -250,7 +257,6 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
     fields = ("max_completion_tokens", "max_tokens", "max_new_tokens")
     length_field = next((n for n in fields if getattr(req, n)), "max_tokens")
     params = req.sampling_params(max_new, req.top_logprobs or 0, bool(req.logprobs), constraint)
-    messages = [m.for_template() for m in req.messages]
     return ParsedRequest(
         api="chat",
         prompt="",
@@ -265,11 +271,42 @@ def parse_chat(body: dict[str, Any], default_max_new_tokens: int, auto_tools: bo
         length_field=length_field,
         length_given=any(getattr(req, n) for n in fields),
         structured_field=constraint.field if constraint is not None else "response_format",
-        tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        tools=template_tools(req.tools),
         tool_mode=mode,
         auto_tools=bool(req.tools) and req.tool_choice in (None, "auto"),
         n=req.n or 1,
     )
+
+
+def completion_prompts(
+    prompt: str | list[str] | list[int] | list[list[int]], n: int
+) -> tuple[Prompt, tuple[Prompt, ...]]:
+    """A completions ``prompt`` as ``(the prompt, ())`` when it is one (a text, or one prompt's token
+    ids), or ``("", every prompt)`` when it is a list of them (texts, or lists of ids; even a list of
+    one), whose errors then name the prompt at fault (``prompt.2``), as the answer's choices do."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+        one: Prompt = prompt if isinstance(prompt, str) else [t for t in prompt if isinstance(t, int)]
+        _check_prompt(one, "prompt")
+        return one, ()
+    if not prompt:
+        raise BadRequestError("prompt must not be an empty list", param="prompt")
+    if len(prompt) * n > MAX_BATCH_CHOICES:
+        raise BadRequestError(
+            f"prompt: {len(prompt)} prompts x n={n} is {len(prompt) * n} choices, more than the "
+            f"{MAX_BATCH_CHOICES} one request may ask for; send the prompts in several requests",
+            param="prompt",
+        )
+    batch: list[Prompt] = [p if isinstance(p, str) else list(p) for p in prompt if not isinstance(p, int)]
+    for i, each in enumerate(batch):
+        _check_prompt(each, f"prompt.{i}")
+    return "", tuple(batch)
+
+
+def _check_prompt(prompt: Prompt, field: str) -> None:
+    if not prompt:
+        raise BadRequestError(f"{field} must not be empty", param=field)
+    if isinstance(prompt, list) and (bad := min(prompt)) < 0:
+        raise BadRequestError(f"{field}: token id {bad} is negative", param=field)
 
 
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:
@@ -280,17 +317,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     except ValidationError as exc:
         raise validation_error(exc) from None
     req.check_stream_options()
-    prompt = req.prompt
-    ids: list[int] | None = None
-    text = ""
-    if isinstance(prompt, str):
-        text = prompt
-    elif isinstance(prompt[0], str):
-        text = str(prompt[0])
-    elif isinstance(prompt[0], list):  # one prompt of token ids, nested as OpenAI allows
-        ids = [int(t) for t in prompt[0]]
-    else:
-        ids = [int(t) for t in prompt if isinstance(t, int)]
+    prompt, batch = completion_prompts(req.prompt, req.n or 1)
     max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
     echo_only = max_tokens == 0
     if echo_only and not req.echo:
@@ -306,7 +333,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         params = dataclasses.replace(params, prompt_logprobs=top_n)
     return ParsedRequest(
         api="completion",
-        prompt=text,
+        prompt=prompt if isinstance(prompt, str) else "",
         params=params,
         stream=bool(req.stream),
         details=False,
@@ -316,7 +343,8 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
         adapter=req.model or None,
         length_field="max_tokens",
         structured_field=constraint.field if constraint is not None else "response_format",
-        prompt_ids=ids,
+        prompt_ids=prompt if isinstance(prompt, list) else None,
+        batch=batch,
         echo=bool(req.echo),
         echo_only=echo_only,
         n=req.n or 1,

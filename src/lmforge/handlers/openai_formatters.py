@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 
@@ -157,11 +157,12 @@ class _OpenAIFormatter:
         return out + end_of_stream(media_type)
 
 
-def choices_usage(formatters: list[_OpenAIFormatter]) -> dict[str, int]:
-    """Usage of a request answered with several choices: the prompt once, every choice's tokens."""
-    ends = [f.last for f in formatters if f.last is not None]
-    prompt = ends[0].prompt_tokens if ends else 0
-    completion = sum(e.generated_tokens for e in ends)
+def choices_usage(formatters: Sequence[_OpenAIFormatter], n: int) -> dict[str, int]:
+    """Usage of a request answered with several choices, ``n`` per prompt (the formatters in choice
+    order): each prompt once however many choices it has, every choice's tokens (as vLLM counts)."""
+    ends = [f.last for f in formatters]
+    prompt = sum(e.prompt_tokens for e in ends[::n] if e is not None)
+    completion = sum(e.generated_tokens for e in ends if e is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

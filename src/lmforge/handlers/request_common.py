@@ -7,6 +7,7 @@ The schemas themselves: LMI/TGI in :mod:`lmforge.handlers.requests`, OpenAI chat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import reprlib
@@ -59,6 +60,11 @@ class ParsedRequest:
     """False for a chat request that set no length: it may run to the end of the model's length."""
     prompt_ids: list[int] | None = None
     """A completions prompt given as token ids (``prompt`` is then empty)."""
+    batch: tuple[str | list[int], ...] = ()
+    """Completions with ``prompt`` as a list of prompts: each one, text or token ids (``prompt`` and
+    ``prompt_ids`` are then empty); :meth:`each_prompt` splits the request by them."""
+    prompt_index: int | None = None
+    """This prompt's place in such a list (its errors name ``prompt.<i>``; choice ``i * n + j``)."""
     echo: bool = False
     """Completions: the answer's text starts with the prompt (and, with logprobs, its log-probs with
     the prompt's tokens: ``params.prompt_logprobs``)."""
@@ -73,6 +79,21 @@ class ParsedRequest:
     """Chat: the model may call tools (``tool_choice: "auto"``); the tool-call parser reads its reply."""
     n: int = 1
     """OpenAI: how many choices to generate."""
+
+    def each_prompt(self) -> list[ParsedRequest]:
+        """One request per prompt: this one, or for a list of prompts one per prompt, in order."""
+        if not self.batch:
+            return [self]
+        return [
+            dataclasses.replace(
+                self,
+                prompt=p if isinstance(p, str) else "",
+                prompt_ids=None if isinstance(p, str) else p,
+                batch=(),
+                prompt_index=i,
+            )
+            for i, p in enumerate(self.batch)
+        ]
 
     @property
     def chat(self) -> bool:

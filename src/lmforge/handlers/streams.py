@@ -114,12 +114,14 @@ async def frames(
 
 async def merged_choices(
     formatters: Sequence[ofmt.ChatFormatter | ofmt.CompletionFormatter],
+    n: int,
     starts: list[GenerationEvent],
     streams: list[Events],
     media: str,
 ) -> AsyncIterator[bytes]:
     """The choices' chunks as each is generated (OpenAI's ``index`` tells them apart), then the usage
-    of all choices and ``[DONE]``. A choice that fails ends the whole stream with its error event."""
+    of all choices (``n`` per prompt) and ``[DONE]``. A choice that fails ends the whole stream with its
+    error event."""
     queue: asyncio.Queue[tuple[int, GenerationEvent]] = asyncio.Queue()
 
     async def pump(i: int, first: GenerationEvent, events: Events) -> None:
@@ -138,7 +140,7 @@ async def merged_choices(
                 yield ofmt.end_of_stream(media)
                 return
             open_choices -= event.finished
-        yield formatters[0].trailer(media, ofmt.choices_usage(list(formatters)))
+        yield formatters[0].trailer(media, ofmt.choices_usage(formatters, n))
     finally:
         for task in tasks:
             task.cancel()

@@ -60,6 +60,11 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 Tools = Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)]
 
 
+def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """``tools`` as the chat template receives them (None: no tools)."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+
+
 class TextFormat(BaseModel):
     model_config = STRICT
     type: Literal["text"]

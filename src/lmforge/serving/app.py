@@ -1,11 +1,12 @@
 """The ASGI application: ``GET /ping``, ``POST /invocations`` (+ OpenAI's ``/v1/chat/completions``,
-``/v1/completions``, ``GET /v1/models``), the adapters API, ``GET /metrics``, and the WebSocket
-``/invocations-bidirectional-stream`` (:mod:`lmforge.serving.bidi`).
+``/v1/completions``, ``GET /v1/models``), vLLM's peer routes (``GET /health``, ``GET /version``,
+``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``), the adapters API, ``GET /metrics``,
+and the WebSocket ``/invocations-bidirectional-stream`` (:mod:`lmforge.serving.bidi`).
 
 Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
-:data:`lmforge.errors.ERROR_TABLE`, in OpenAI's body shape on every ``/v1/...`` path and LMI's
-elsewhere; unexpected exceptions are logged with their traceback here and reach the client as a
-one-line message, never as a traceback.
+:data:`lmforge.errors.ERROR_TABLE`, in OpenAI's body shape on every ``/v1/...`` path and vLLM's peer
+routes (as vLLM sends them) and LMI's elsewhere; unexpected exceptions are logged with their traceback
+here and reach the client as a one-line message, never as a traceback.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
+from lmforge import __version__
 from lmforge.errors import (
     EngineDeadError,
     LmforgeError,
@@ -43,6 +46,17 @@ INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
 MODELS_PATH = "/v1/models"
 #: paths under it answer errors in OpenAI's shape (``{"error": {...}}``)
 OPENAI_PREFIX = "/v1/"
+#: vLLM's tokenizer routes -> (method, the default handler's method that answers it: from the body
+#: for POST)
+TOKENIZER_ROUTES = {
+    "/tokenize": ("POST", "tokenize"),
+    "/detokenize": ("POST", "detokenize"),
+    "/tokenizer_info": ("GET", "tokenizer_info"),
+}
+#: vLLM's routes beside OpenAI's; their errors are OpenAI's shape too, as vLLM sends them
+PEER_PATHS = frozenset({"/health", "/version", *TOKENIZER_ROUTES})
+
+Route = Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]]
 
 
 #: request headers a SageMaker container hands back on its reply (unless the handler set its own):
@@ -64,6 +78,15 @@ class App:
         self._load_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._handler_stop: asyncio.Future[None] | None = None
+        #: path -> (methods, route) for every route with a fixed path but the invocations
+        self._routes: dict[str, tuple[tuple[str, ...], Route]] = {
+            "/ping": (("GET", "HEAD"), self._ping),
+            "/health": (("GET",), self._health),
+            "/version": (("GET",), self._version),
+            MODELS_PATH: (("GET",), self._models),
+            "/metrics": (("GET",), self._send_metrics),
+            **{path: ((method,), self._tokenizer) for path, (method, _) in TOKENIZER_ROUTES.items()},
+        }
 
     # ------------------------------------------------------------------ lifespan
 
@@ -163,49 +186,65 @@ class App:
         path = scope["path"].rstrip("/") or "/"
         method = scope["method"]
         try:
-            if path == "/ping":
-                self._require(method, "GET", "HEAD")
-                await self._ping(send)
-            elif path in INVOCATION_PATHS:
+            if path in INVOCATION_PATHS:
                 self._require(method, "POST")
                 await self._invoke(scope, receive, send)
             elif adapters_api.is_adapter_path(path):
                 await self._adapters(scope, receive, send, path)
-            elif path == MODELS_PATH:
-                self._require(method, "GET")
-                await self._models(send)
-            elif path == "/metrics":
-                self._require(method, "GET")
-                await asgi.send_body(send, 200, self._metrics().encode(), "text/plain; version=0.0.4")
+            elif path in self._routes:
+                methods, route = self._routes[path]
+                self._require(method, *methods)
+                await route(scope, receive, send)
             else:
                 raise NotFoundError(f"no route {method} {scope['path']}; use GET /ping or POST /invocations")
         except LmforgeError as err:
             self.state.count(err.status)
-            await asgi.send_error(send, err, openai=path.startswith(OPENAI_PREFIX))
+            await asgi.send_error(send, err, openai=path.startswith(OPENAI_PREFIX) or path in PEER_PATHS)
 
     @staticmethod
     def _require(method: str, *allowed: str) -> None:
         if method not in allowed:
             raise MethodNotAllowedError(f"method {method} is not allowed here; use {' or '.join(allowed)}")
 
-    async def _ping(self, send: asgi.Send) -> None:
+    def _require_ready(self) -> None:
         if self.state.phase != Phase.READY:
-            await asgi.send_json(send, 503, {"status": str(self.state.phase), "message": self.state.detail})
-            return
+            raise NotReadyError(f"not ready: {self.state.detail}", retry_after=RETRY_AFTER_S)
+
+    def _unhealthy(self) -> tuple[str, str] | None:
+        """Why the server cannot serve now, as ``(status, message)``: not loaded (yet), or an engine that
+        failed its health check; None when it can. ``/ping`` and ``/health`` both answer from it."""
+        if self.state.phase != Phase.READY:
+            return str(self.state.phase), self.state.detail
         try:
             self.handler.check_health()
         except Exception as exc:
-            err = classify(exc)
-            await asgi.send_json(send, 503, {"status": "unhealthy", "message": err.message})
+            return "unhealthy", classify(exc).message
+        return None
+
+    async def _ping(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        problem = self._unhealthy()
+        if problem is not None:
+            status, message = problem
+            await asgi.send_json(send, 503, {"status": status, "message": message})
             return
         await asgi.send_json(send, 200, {"status": "healthy"})
+
+    async def _health(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        """vLLM's ``GET /health``: 200 with an empty body when the model serves, else 503."""
+        await asgi.send_body(send, 503 if self._unhealthy() else 200, b"", "text/plain; charset=utf-8")
+
+    async def _version(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        """vLLM's ``GET /version``, with lmforge's version."""
+        await asgi.send_json(send, 200, {"version": __version__})
+
+    async def _send_metrics(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        await asgi.send_body(send, 200, self._metrics().encode(), "text/plain; version=0.0.4")
 
     # ------------------------------------------------------------------ invocations
 
     def admit(self) -> None:
+        self._require_ready()
         state = self.state
-        if state.phase != Phase.READY:
-            raise NotReadyError(f"not ready: {state.detail}", retry_after=RETRY_AFTER_S)
         if state.in_flight >= state.max_in_flight:
             raise OverloadedError(
                 f"server is at capacity ({state.in_flight} requests in flight, the running batch plus "
@@ -246,9 +285,7 @@ class App:
         except LmforgeError:
             raise
         except Exception as exc:
-            err = classify(exc)
-            log.error("handler failed (%s %s): %s", err.status, err.type, err.message, exc_info=True)
-            raise err from None
+            raise _unexpected("handler", exc) from None
         content_type = output.properties.get("Content-Type", "application/octet-stream")
         headers = {k: v for k, v in output.properties.items() if k.lower() != "content-type"}
         present = {k.lower() for k in headers}
@@ -262,20 +299,41 @@ class App:
         except Exception:
             log.exception("response stream failed after the status line was sent")
 
-    async def _models(self, send: asgi.Send) -> None:
-        if self.state.phase != Phase.READY:
-            raise NotReadyError(f"not ready: {self.state.detail}", retry_after=RETRY_AFTER_S)
+    async def _models(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        self._require_ready()
         models = getattr(self.handler, "models", None)
         if models is None:
             raise NotFoundError(f"{MODELS_PATH}: the {self.handler.name} handler serves no model list")
         self.state.count(200)
         await asgi.send_json(send, 200, models())
 
+    async def _tokenizer(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        """vLLM's tokenizer routes, answered by the default handler on the engine's tokenizer."""
+        path = scope["path"].rstrip("/")
+        self._require_ready()
+        method, name = TOKENIZER_ROUTES[path]
+        answer = getattr(self.handler, name, None)
+        if answer is None:
+            raise NotFoundError(f"{path}: the {self.handler.name} handler has no tokenizer to serve")
+        args = []
+        if method == "POST":  # the body, bounded as every body is
+            try:
+                args.append(await asgi.read_body(scope, receive, self.state.max_request_size))
+            except asgi.ClientDisconnected:
+                return
+        try:
+            obj = answer(*args)
+        except LmforgeError:
+            raise
+        except Exception as exc:
+            raise _unexpected(path, exc) from None
+        self.state.count(200)
+        await asgi.send_json(send, 200, obj)
+
     # ------------------------------------------------------------------ adapters
 
     async def _adapters(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, path: str) -> None:
-        if self.state.phase != Phase.READY:
-            raise NotReadyError(f"not ready: {self.state.detail}", retry_after=RETRY_AFTER_S)
+        self._require_ready()
         try:
             body = await asgi.read_body(scope, receive, self.state.max_request_size)
         except asgi.ClientDisconnected:
@@ -308,3 +366,11 @@ class App:
             kind = "counter" if key.endswith("_total") else "gauge"
             lines += [f"# TYPE lmforge_engine_{key} {kind}", f"lmforge_engine_{key} {value:g}"]
         return "\n".join(lines) + "\n"
+
+
+def _unexpected(what: str, exc: Exception) -> LmforgeError:
+    """An exception no part of lmforge meant for the client: logged with its traceback, answered as a
+    one-line error from the error table."""
+    err = classify(exc)
+    log.error("%s failed (%s %s): %s", what, err.status, err.type, err.message, exc_info=True)
+    return err
