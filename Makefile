@@ -33,7 +33,7 @@ TEST_WORKERS ?= 3
 # Every server, engine core and CLI a test starts imports lmforge: its bytecode is compiled once here
 # rather than in each of those ~250 processes wherever PYTHONDONTWRITEBYTECODE is set (this
 # workplace sets it): 0.1-0.2 CPU-s per process.
-test: install
+test: install sdk3
 	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
@@ -46,7 +46,7 @@ test-fast: install
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-test-integration: install
+test-integration: install sdk3
 	$(BIN)/python -m pytest -q -m integration
 
 test-vllm: install
@@ -114,3 +114,22 @@ bench-images: install host-setup
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .demo-image .pytest_cache .mypy_cache .ruff_cache
+
+# The SageMaker Python SDK v3 beside v2 (both are the top-level package `sagemaker`; .venv has v2):
+# v3's three packages, pinned, without their dependencies, in .venv/sdk3, which
+# tests/integration/test_sdk_v3.py puts first on the PYTHONPATH of the processes it runs (and shows
+# them v3 only). What v3 imports comes from .venv: boto3, pydantic, pandas, ... (that test checks
+# their versions against v3's requirements). Left out: mlflow and sagemaker-mlflow (sagemaker-train
+# requires them; building and deploying never import them: 0.5 GB and minutes of install less),
+# scipy, paramiko, nest-asyncio, deepdiff, sagemaker-schema-inference-artifacts (likewise).
+SDK3_DIR  := $(VENV)/sdk3
+SDK3_PINS := sagemaker-core==2.27.0 sagemaker-serve==1.27.0 sagemaker-train==1.27.0
+
+$(SDK3_DIR)/.installed-stamp: Makefile
+	@test -x $(BIN)/python || { echo "no $(BIN)/python: run make install first" >&2; exit 1; }
+	rm -rf $(SDK3_DIR)
+	$(BIN)/python -m pip install -q --no-deps --target $(SDK3_DIR) $(SDK3_PINS)
+	touch $@
+
+.PHONY: sdk3
+sdk3: $(SDK3_DIR)/.installed-stamp

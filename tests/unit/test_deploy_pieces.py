@@ -179,9 +179,10 @@ def test_images_that_cannot_serve_the_configuration_are_refused(
 
 def test_moto_extensions_fit_the_pinned_moto() -> None:
     from lmforge.deploy.instances import sagemaker_instance_types
-    from lmforge.local import moto_ext
+    from lmforge.local import iam_ext, moto_ext
 
     moto_ext.check_compatible()
+    iam_ext.check_compatible()
     types = sagemaker_instance_types()
     for name in (
         "ml.g5.2xlarge",

@@ -1,6 +1,14 @@
 """Client helpers for reading lmforge / LMI streams, from a local server or a SageMaker endpoint."""
 
 from lmforge.client.sagemaker import invoke, invoke_stream, runtime_client, token_text
-from lmforge.client.stream import iter_lines, iter_stream_objects
+from lmforge.client.stream import StreamError, iter_lines, iter_stream_objects
 
-__all__ = ["invoke", "invoke_stream", "iter_lines", "iter_stream_objects", "runtime_client", "token_text"]
+__all__ = [
+    "StreamError",
+    "invoke",
+    "invoke_stream",
+    "iter_lines",
+    "iter_stream_objects",
+    "runtime_client",
+    "token_text",
+]

@@ -17,6 +17,8 @@ once in the local SageMaker process (nothing is copied from moto):
 - inference components (absent in moto): see :mod:`lmforge.local.inference_components`;
 - wire fidelity: moto echoes empty ``VpcConfig``/``DataCaptureConfig`` objects that the real service
   omits (and that break strict clients); they are dropped from describe responses.
+- IAM (the execution role, ``SimulatePrincipalPolicy`` for SDK v3's role validation): see
+  :mod:`lmforge.local.iam_ext`.
 
 ``check_compatible()`` fails loudly when a moto upgrade removes what these patches rely on.
 """

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.local import ACCOUNT_ID, moto_ext
+from lmforge.local import ACCOUNT_ID, iam_ext, moto_ext
 from lmforge.local.provisioner import Provisioner
 from lmforge.local.registry.process import port_problem
 from lmforge.local.runners import MODES, InstanceRunner
@@ -32,7 +32,6 @@ from lmforge.local.runtime import RuntimeServer
 log = logging.getLogger("lmforge.local")
 
 STATE_FILE = "state.json"
-ROLE_NAME = "lmforge-local"
 
 
 @dataclass
@@ -71,6 +70,8 @@ class LocalSageMaker:
             log.info("local ECR: %d repositories of an earlier run restored", restored)
         host, port = self._moto.get_host_and_port()
         self.control_url = f"http://{host}:{port}"
+        iam_ext.install()  # SimulatePrincipalPolicy, which the SageMaker SDK v3 validates roles with
+        self.role_arn = iam_ext.ensure_execution_role(ACCOUNT_ID)
         engine = available(self.engine)
         if engine is None and self.mode == "image":
             detect(self.engine)  # raises with what is missing
@@ -108,7 +109,7 @@ class LocalSageMaker:
             "control_url": self.control_url,
             "runtime_url": self.runtime_url,
             "account_id": ACCOUNT_ID,
-            "role_arn": f"arn:aws:iam::{ACCOUNT_ID}:role/{ROLE_NAME}",
+            "role_arn": self.role_arn,
             "state_dir": str(self.state_dir),
             "started_at": time.time(),
             "mode": self.runner.mode,
