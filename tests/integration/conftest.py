@@ -39,6 +39,15 @@ def tiny_server(tiny_model: Path) -> Iterator[RemoteServer]:
 
 
 @pytest.fixture(scope="session")
+def smollm2_lmi_dist(smollm2_model: Path) -> Iterator[RemoteServer]:
+    """LMI-Dist on SmolLM2-135M (the folder as ``example-model`` writes it) through ``lmforge serve``,
+    for the modules of the smollm2 group."""
+    assert "option.rolling_batch=lmi-dist" in (smollm2_model / "serving.properties").read_text()
+    with RemoteServer(smollm2_model) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def smollm2_vllm(
     smollm2_model: Path, tmp_path_factory: pytest.TempPathFactory, vllm_env: dict[str, str]
 ) -> Iterator[RemoteServer]:

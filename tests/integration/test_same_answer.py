@@ -68,18 +68,11 @@ def _check_against_transformers(answers: dict, reference: dict[str, tuple[list[i
         assert worst <= REFERENCE_TOL, f"{prompt!r}: prompt log-probs {got[1:]} vs transformers {want}"
 
 
-@pytest.fixture(scope="module")
-def lmi_dist(smollm2_model: Path) -> RemoteServer:
-    assert "option.rolling_batch=lmi-dist" in (smollm2_model / "serving.properties").read_text()
-    with RemoteServer(smollm2_model) as server:
-        yield server
-
-
-def test_lmi_dist_same_alone_and_in_a_crowd(lmi_dist: RemoteServer, reference_scores: dict) -> None:
-    answers = same_alone_and_in_a_crowd(lmi_dist.url, _probes())
+def test_lmi_dist_same_alone_and_in_a_crowd(smollm2_lmi_dist: RemoteServer, reference_scores: dict) -> None:
+    answers = same_alone_and_in_a_crowd(smollm2_lmi_dist.url, _probes())
     _check_against_transformers(answers, reference_scores)
     # and still right alone after the crowds (a crowd once left the scorer broken for good)
-    again = same_alone_and_in_a_crowd(lmi_dist.url, _probes()[-len(PROMPTS) :], rounds=0)
+    again = same_alone_and_in_a_crowd(smollm2_lmi_dist.url, _probes()[-len(PROMPTS) :], rounds=0)
     _check_against_transformers(again, reference_scores)
 
 
