@@ -16,6 +16,7 @@ prompts of different lengths share each step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -59,11 +60,25 @@ def echo_probe(name: str, prompt: str, max_tokens: int = 1, **extra: Any) -> Pro
     return Probe(name, COMPLETIONS, {**body, **extra})
 
 
-def standard_probes(prompts: Sequence[str], *, model: str | None = None) -> list[Probe]:
+def standard_probes(prompts: Sequence[str], *, adapter: str | None = None) -> list[Probe]:
     """The probes every engine must answer alike alone and in a crowd (``prompts``: at least 4, of
-    different lengths); ``model`` names the model or an adapter on the OpenAI routes."""
-    named = {"model": model} if model else {}
-    p = list(prompts)
+    different lengths); with ``adapter``, each names that LoRA adapter (OpenAI's ``model``, LMI's
+    ``adapters``) and its name starts with the adapter's."""
+    named = {"model": adapter} if adapter else {}
+    probes = _probes(list(prompts), named)
+    if adapter is None:
+        return probes
+    return [
+        dataclasses.replace(
+            p,
+            name=f"{adapter}-{p.name}",
+            body={**p.body, "adapters": adapter} if p.path == LMI else p.body,
+        )
+        for p in probes
+    ]
+
+
+def _probes(p: list[str], named: dict[str, str]) -> list[Probe]:
     chat = [{"role": "user", "content": p[1]}]
     schema = {
         "type": "object",

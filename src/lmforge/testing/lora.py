@@ -81,6 +81,22 @@ class PeftReference:
                 out = self._generate(ids, max_new_tokens)
         return [int(t) for t in out[0, ids.shape[1] :].tolist()]
 
+    def prompt_logprobs(self, prompt: str, adapter: str | None) -> list[float]:
+        """The log-prob of each of ``prompt``'s tokens after the first, given those before it, with
+        ``adapter`` (None: the base model): one forward pass."""
+        import torch
+
+        ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            if adapter is None:
+                with self.model.disable_adapter():
+                    logits = self.model(input_ids=ids).logits
+            else:
+                self.model.set_adapter(adapter)
+                logits = self.model(input_ids=ids).logits
+        rows = logits[0, :-1].float().log_softmax(-1)
+        return [float(v) for v in rows.gather(1, ids[0, 1:, None]).squeeze(1).tolist()]
+
     def _generate(self, ids: Any, max_new_tokens: int) -> Any:
         return self.model.generate(
             input_ids=ids,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
 import time
 import types
 from collections import OrderedDict
@@ -69,6 +70,9 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if runtime is None:
         return out
     single, step = runtime.single, runtime.step
+    scoring = runtime.scoring.__dict__.get("adapter")
+    if scoring is not None:  # a prompt-scoring pass, on its own thread: one adapter (0: none) on every row
+        single, step = scoring or None, None
     table: dict[int, Factors] = getattr(self, _WEIGHTS_ATTR)
     if single is not None:  # one adapter for every row
         factors = table.get(single)
@@ -109,6 +113,10 @@ class LoraLayers:
         self.fused = lora_kernel.usable(self.device, self.dtype)
         """Whether steps mixing adapters use the fused LoRA pass (:mod:`.lora_kernel`) when few rows
         each and PyTorch runs on one thread."""
+        self.scoring = threading.local()
+        """``adapter``, set on the thread of a prompt-scoring pass (:mod:`.prompt_scores`): the adapter id
+        (0: none) its rows take, in place of the running step's ``single``/``step``, which that thread
+        never touches (the generation thread may lay out the next step meanwhile)."""
         self.step: StepLayout | None = None
         """Set with ``single``: where each adapter's rows are, when a step mixes adapters (or base rows)."""
         self.stacked: list[Factors | None] = []

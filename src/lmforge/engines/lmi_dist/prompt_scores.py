@@ -10,10 +10,11 @@ That pass must never overlap a step of the running batch: a forward pass is not 
 threads. transformers 5.19's forward wrapper sets ``config.is_causal`` on the shared config for the
 length of a pass and puts back what it found, so a pass that starts while a batch step has it set
 reads the step's ``False``, attends without a causal mask, and can leave ``False`` behind for every
-later pass (prompt log-probs wrong by up to ~15 nats, alone or in a crowd, until the server restarts);
-the LoRA layers read the step's rows per adapter from shared state too. :class:`ForwardGate` makes
-every forward pass of the model, the batch's and the scorer's, take one lock in turn. A step waits at
-most one prompt's forward pass; the scorer waits at most one step.
+later pass (prompt log-probs wrong by up to ~15 nats, alone or in a crowd, until the server restarts).
+:class:`ForwardGate` makes every forward pass of the model, the batch's and the scorer's, take one lock
+in turn: a step waits at most one prompt's forward pass, the scorer at most one step. The scorer's rows
+take its request's adapter from a setting of its own thread (:attr:`.lora.LoraLayers.scoring`), never
+from the running step's layout, which the generation thread lays out outside the lock.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ Scored = list[tuple[int, float, list[tuple[int, float]]]]
 
 class ForwardGate:
     """One forward pass of ``model`` at a time, whichever thread calls it: the model's ``forward`` is
-    wrapped (on the instance) to hold :attr:`lock`, which a caller may also hold around a pass of its
-    own and the state it swaps in for it (re-entrant)."""
+    wrapped (on the instance) to hold :attr:`lock` (re-entrant, so a caller may hold it around a pass
+    of its own)."""
 
     def __init__(self, model: Any) -> None:
         self.lock = threading.RLock()
@@ -53,17 +54,16 @@ class ForwardGate:
 
 @contextmanager
 def _adapter_only(lora: LoraLayers | None, adapter_id: int) -> Iterator[None]:
-    """The LoRA layers apply ``adapter_id`` (0: none) to every row of the pass, then go back to the
-    running step's layout (the caller holds the gate, so no step runs meanwhile)."""
+    """The LoRA layers apply ``adapter_id`` (0: none) to every row of this thread's passes, whatever
+    the running step's layout (which the generation thread may be changing meanwhile)."""
     if lora is None:
         yield
         return
-    saved = lora.single, lora.step
-    lora.single, lora.step = (adapter_id or None), None
+    lora.scoring.adapter = adapter_id
     try:
         yield
     finally:
-        lora.single, lora.step = saved
+        del lora.scoring.adapter
 
 
 def score_prompt(

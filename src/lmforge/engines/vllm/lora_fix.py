@@ -25,6 +25,16 @@ The fix, applied by :func:`register`:
 :class:`lmforge.engines.vllm.engine.VllmEngine` makes sure the plugin is allowed to load when
 ``VLLM_PLUGINS`` restricts vLLM's plugins. This module must stay cheap to import: vLLM imports it in
 every process, before the model loads.
+
+A second fault of the same CPU wrapper, patched here too: prompt log-probs with LoRA enabled kill the
+engine (vllm-project/vllm#29955 on the CPU platform). vLLM computes a request's prompt log-probs by
+running the LoRA logits processor over one row per prompt token, while
+``PunicaWrapperCPU.add_lora_logits`` indexes adapters by ``sampler_indices``, one per request of the
+step: with two or more requests the einsum's batch sizes differ and the worker raises. The logits
+processor's adapter delta is that of an adapter's ``lm_head`` factors, and lmforge registers no adapter
+with any (:mod:`lmforge.adapters.validate` accepts the base model's linear layers, ``lm_head``
+excluded), so the delta is zero: the patched method leaves the logits as they are when the rows are
+not the sampled ones, and runs vLLM's own otherwise.
 """
 
 from __future__ import annotations
@@ -100,6 +110,31 @@ def apply() -> bool:
     return True
 
 
+def _skips_prompt_rows(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``add_lora_logits(self, y, x, ...)`` that adds nothing when ``x`` has other rows than the sampled
+    ones (a prompt's log-probs: one row per token) instead of raising."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, y: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        if rows != self.sampler_indices.shape[0]:
+            return None  # no registered adapter has lm_head factors: the delta would be zero
+        return method(self, y, x, *args, **kwargs)
+
+    setattr(wrapper, _PATCHED, True)
+    return wrapper
+
+
+def apply_logits_fix() -> bool:
+    """Patch the CPU punica wrapper's ``add_lora_logits`` in this process; True once it is in place."""
+    import importlib
+
+    wrapper_cls = importlib.import_module(_MODULES[2]).PunicaWrapperCPU
+    if not getattr(wrapper_cls.add_lora_logits, _PATCHED, False):
+        wrapper_cls.add_lora_logits = _skips_prompt_rows(wrapper_cls.add_lora_logits)
+    return True
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: apply the fix on vLLM's CPU platform when needed."""
     try:
@@ -112,5 +147,6 @@ def register() -> None:
                 "lmforge: vLLM's CPU LoRA ops alias base-model rows to the last adapter slot "
                 "(vllm-project/vllm#49656); rows without an adapter are masked in this process"
             )
+        apply_logits_fix()
     except Exception:  # a plugin must never stop vLLM from starting; the engine checks `applied` itself
         log.exception("lmforge: could not check or patch vLLM's CPU LoRA ops")
