@@ -18,8 +18,6 @@ TEMPLATES = {
     "entrypoint.sh.j2": "entrypoint.sh",
     "serving.properties.j2": "serving.properties",
 }
-#: which flavour serves a backend on GPU instances
-BACKEND_FLAVOURS = {"lmi-dist": "lmi-dist", "vllm": "vllm", "auto": "vllm", "trtllm": "tensorrt-llm"}
 
 
 class FlavourError(Exception):

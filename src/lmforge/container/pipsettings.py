@@ -22,7 +22,6 @@ import http.server
 import os
 import secrets
 import shlex
-import socket
 import ssl
 import subprocess
 import sys
@@ -295,12 +294,6 @@ class BuildPipInputs:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
-
-
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def describe(settings: PipSettings) -> str:

@@ -185,11 +185,6 @@ def sagemaker_instance_types() -> tuple[str, ...]:
     return tuple(model.shape_for("ProductionVariantInstanceType").enum)
 
 
-def instance_names() -> list[str]:
-    """All known instance type names, in table order."""
-    return [i.name for i in INSTANCES]
-
-
 def get_instance(name: str) -> InstanceType:
     """The instance type called ``name`` (``ml.`` may be left out; case is ignored).
 

@@ -1,5 +1,5 @@
-"""From an engine's new token ids to lmforge's generation events, shared by the backends that hand
-over token ids (vLLM, TensorRT-LLM): lmforge detokenizes incrementally and matches stop strings
+"""From an engine's new token ids to lmforge's generation events, shared by every backend (LMI-Dist,
+vLLM, TensorRT-LLM, and the scripted test engine): lmforge detokenizes incrementally and matches stop strings
 itself, so every token carries its own text whatever engine produced it, and a stop string is told
 apart from EOS.
 """

@@ -29,7 +29,6 @@ class TrtllmOptions:
     use_custom_all_reduce: bool = True
 
 
-_RUNTIME_ONLY = frozenset({"enable_kv_cache_reuse", "kv_cache_free_gpu_mem_fraction"})
 _IGNORED = frozenset({"entryPoint", "model_dir"})
 
 #: options of the TensorRT-LLM >= 1.3 path (:mod:`.pt_options`), refused here with the reason

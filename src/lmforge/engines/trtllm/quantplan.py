@@ -135,14 +135,6 @@ class QuantPlan:
         return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
 
-def read_quant_plan(folder: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((folder / QUANT_PLAN_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def checkpoint_quantization(folder: Path) -> tuple[str | None, str | None] | None:
     """(quant_algo, kv_cache_quant_algo) of a ModelOpt checkpoint (``hf_quant_config.json``), else None."""
     try:

@@ -33,9 +33,8 @@ TrtllmPath = Literal["pytorch", "engine"]
 
 #: the first release without the TensorRT engine flow
 PYTORCH_ONLY_FROM = (1, 3)
-#: what the lmforge images pin: ``tensorrt-llm`` (the PyTorch path) and ``tensorrt-llm-1.2`` (engines)
+#: what the lmforge ``tensorrt-llm`` image pins (the PyTorch path)
 PINNED_PYTORCH = "1.3.0rc29"
-PINNED_ENGINE = "1.2.1"
 
 _VERSION_LINE = re.compile(r"""^__version__\s*=\s*["']([^"']+)["']""", re.MULTILINE)
 
