@@ -94,12 +94,13 @@ def build(cfg: ServingConfig) -> Built:
     )
     from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
 
-    from lmforge.engines.lmi_dist import attention
+    from lmforge.engines.lmi_dist import attention, compat
     from lmforge.engines.lmi_dist import sampler as sampler_mod
     from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
     from lmforge.engines.lmi_dist.prompt_scores import ForwardGate
     from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
 
+    compat.check_classes()
     mark("import")
     world = tensor_parallel_size(cfg)
     if cfg.enable_lora and world > 1:
@@ -210,6 +211,7 @@ def build(cfg: ServingConfig) -> Built:
     if manager.batch_processor is None:  # what warmup() does first: allocate the paged KV cache
         with small_pages():
             manager.batch_processor = manager._create_batch_processor()
+    compat.check_manager(manager)
     sampler_mod.take_choices(manager.batch_processor.model_runner, sampler)
     mark("kv_cache")
     manager.warmup()  # builds the cache now, so its real capacity is known before serving
