@@ -26,6 +26,9 @@ from lmforge.engines.protocol import (
 )
 from lmforge.errors import EngineDeadError
 
+#: the engine core is a process of its own: not for ``make test-fast``
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -217,7 +220,12 @@ def test_the_core_profiles_its_own_steps(
     loop.run_until_complete(collect(engine, "prof", SamplingParams(max_new_tokens=8, ignore_eos=True)))
     summary = loop.run_until_complete(engine.stop_profile(tmp_path / "p" / "profile.txt"))
     assert summary["wall_s"] > 0 and summary["aten_ops"] > 0
-    assert summary["device_busy_s"] == 0 or summary["busy_share"] > 0
+    import torch
+
+    if torch.cuda.is_available():  # the core runs the model on the GPU: the profile sees it compute
+        assert summary["busy_share"] > 0
+    else:  # nothing runs on a device: what the profile saw was host work only
+        assert summary["device_busy_s"] == 0
     table = (tmp_path / "p" / "profile.txt").read_text()
     assert "aten::" in table and ("aten::mm" in table or "aten::linear" in table or "aten::addmm" in table)
     with pytest.raises(LmforgeError, match="not running"):
