@@ -39,6 +39,7 @@ from lmforge.container.base import build_base
 from lmforge.container.build import build_flavour, resolve_base
 from lmforge.container.engine import ContainerEngine, EngineError, detect
 from lmforge.container.flavours import load_flavour
+from lmforge.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -49,14 +50,6 @@ ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELIS
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ping(port: int, timeout: float = 300.0) -> float:
@@ -74,7 +67,7 @@ def _wait_ping(port: int, timeout: float = 300.0) -> float:
 
 def container_start(engine: ContainerEngine, image: str, model: Path) -> float:
     """Seconds from ``run`` to /ping 200 (the published port, as SageMaker maps 8080)."""
-    port = _free_port()
+    port = free_port()
     name = f"lmforge-bench-{port}"
     args = engine.argv(*engine.run_args(), "--detach", "--name", name, "--shm-size", "1g")
     args += ["--publish", f"127.0.0.1:{port}:8080", "--volume", f"{model}:/opt/ml/model:ro"]
@@ -90,7 +83,7 @@ def container_start(engine: ContainerEngine, image: str, model: Path) -> float:
 
 def process_start(model: Path) -> float:
     """Seconds from starting the same entrypoint as a host process to /ping 200."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **ENV, "SAGEMAKER_BIND_TO_PORT": str(port), "LMFORGE_HOST": "127.0.0.1"}
     started = time.monotonic()
     proc = subprocess.Popen(

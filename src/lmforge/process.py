@@ -27,6 +27,33 @@ from collections.abc import Callable
 from typing import NoReturn
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the kernel's pick; free until someone else takes it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: it exists (even as another user's) and is not a zombie that
+    has exited and waits for its parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                return False
+    except (OSError, IndexError):
+        pass  # no /proc (not Linux), or gone: the signal below decides
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def freeze_startup_heap() -> None:
     """Collect once, then move every object left (modules, weights' Python wrappers, the tokenizer,
     the engine's state: what lives as long as the process) out of the garbage collector's view

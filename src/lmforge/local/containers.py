@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -50,12 +49,6 @@ MEMORY_FRACTION_ENV = "LMFORGE_LOCAL_MEMORY_FRACTION"
 DEFAULT_MEMORY_FRACTION = 0.5
 _CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
 _INFO = "container.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ping(port: int) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmforge.local.server import STATE_FILE
+from lmforge.process import pid_alive
 
 DEFAULT_REGION = "us-west-2"
 ENV_STATE_DIR = "LMFORGE_LOCAL_DIR"
@@ -64,22 +65,6 @@ def state_dir(explicit: Path | None = None) -> Path:
     return (Path.home() / ".lmforge" / "local").resolve()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[-1].split()[0] == "Z":  # exited, not yet reaped by its parent
-                return False
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/moto-api/", timeout=2):
@@ -105,7 +90,7 @@ def read_state(directory: Path) -> LocalState | None:
         raw.get("engine"),
         raw.get("registry_url"),
     )
-    if not _alive(state.pid) or not _answers(state.control_url):
+    if not pid_alive(state.pid) or not _answers(state.control_url):
         path.unlink(missing_ok=True)
         return None
     return state
@@ -189,9 +174,9 @@ def down(directory: Path, *, timeout_s: float = 45.0) -> bool:
         return False
     os.kill(state.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(state.pid):
+    while time.monotonic() < deadline and pid_alive(state.pid):
         time.sleep(0.2)
-    if _alive(state.pid):
+    if pid_alive(state.pid):
         os.kill(state.pid, signal.SIGKILL)
     (directory / STATE_FILE).unlink(missing_ok=True)
     return True

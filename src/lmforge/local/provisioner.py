@@ -33,13 +33,14 @@ from lmforge.local.adapter_components import (
     AdapterComponents,
     allow_adapter_root,
 )
-from lmforge.local.containers import Container, ImageContainer, free_port, new_folder, reap_orphans
+from lmforge.local.containers import Container, ImageContainer, new_folder, reap_orphans
 from lmforge.local.model_data import ModelDataError, fetch_model_data, s3_client
 from lmforge.local.placements import RANDOM, Deployment, Placement, ProvisionError, Route, RouteError
 from lmforge.local.routing import Router
 from lmforge.local.runners import ImageUnavailable, InstanceRunner
 from lmforge.local.scaling import Scaling
 from lmforge.local.supervision import Supervision
+from lmforge.process import free_port
 
 log = logging.getLogger("lmforge.local")
 

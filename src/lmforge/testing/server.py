@@ -8,7 +8,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from lmforge.process import free_port
 
 # torch on 2 busy cores collapses 5-20x with its default thread count: tests use one thread.
 TEST_ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -48,12 +49,6 @@ def http_client() -> httpx.Client:
     busy while its server started. No TLS here (``verify=False``): every server it talks to listens
     on loopback, in plain HTTP."""
     return httpx.Client(verify=False, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RemoteServer:

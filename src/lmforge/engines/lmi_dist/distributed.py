@@ -9,10 +9,11 @@ only load the same model, run the same loop and exit when rank 0 stops it (or di
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING
+
+from lmforge.process import free_port
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
@@ -30,19 +31,13 @@ def tensor_parallel_size(config: ServingConfig) -> int:
     return int(degree)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class FollowerGroup:
     """Ranks 1..N-1 as child processes; sets this process up as rank 0."""
 
     def __init__(self, config: ServingConfig, world_size: int) -> None:
         common = {
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
         }

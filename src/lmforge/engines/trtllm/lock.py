@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lmforge.errors import LmforgeError
+from lmforge.process import pid_alive
 
 log = logging.getLogger("lmforge.engines.trtllm")
 
@@ -37,16 +38,6 @@ class LockTimeoutError(LmforgeError):
 def lock_path(output: Path) -> Path:
     """The lock file of the build that writes ``output``."""
     return output.with_name(f".{output.name}.lock")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _holder(path: Path) -> dict[str, object]:
@@ -65,7 +56,7 @@ def _stale(path: Path, inode: int) -> bool:
         same = os.stat(path).st_ino == inode
     except FileNotFoundError:
         return False
-    return same and isinstance(pid, int) and holder.get("host") == socket.gethostname() and not _alive(pid)
+    return same and isinstance(pid, int) and holder.get("host") == socket.gethostname() and not pid_alive(pid)
 
 
 def _try_lock(path: Path) -> int | None:

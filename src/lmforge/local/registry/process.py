@@ -16,16 +16,10 @@ from types import TracebackType
 from lmforge.local.registry.api import RegistryError
 from lmforge.local.registry.binary import BINARY_NAMES, find_registry_binary, missing_binary_message
 from lmforge.local.registry.storage import RegistryStorage
+from lmforge.process import free_port
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -82,7 +76,7 @@ class LocalRegistry(RegistryStorage):
         self._stop_stale()
         attempts = 3 if self.port == 0 else 1  # a free port can be taken between choosing and binding
         for attempt in range(attempts):
-            self._bound_port = self.port or _free_port(self.host)
+            self._bound_port = self.port or free_port(self.host)
             if problem := port_problem(self.host, self._bound_port):
                 # another server there would answer /v2/ in our registry's place
                 raise RegistryError(f"the registry cannot listen on {self.address}: {problem}")
