@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from lmforge.adapters.spec import LoraAdapter, LoraShape
 from lmforge.engines.lmi_dist.ipc import AdapterRef
-from lmforge.engines.lmi_dist.lora import LORA_KWARG, LoraLayers
+from lmforge.engines.lmi_dist.lora import LoraLayers
 from lmforge.engines.lmi_dist.lora_mixed import plan, step_key
 from lmforge.engines.lmi_dist.lora_slots import LoraSlots
+from lmforge.engines.lmi_dist.sampler import LORA_KWARG
 from lmforge.errors import NotFoundError
 
 

@@ -47,6 +47,7 @@ from lmforge.engines.lmi_dist.lora_mixed import (
     plan,
     step_key,
 )
+from lmforge.engines.lmi_dist.sampler import LORA_KWARG
 from lmforge.errors import BadRequestError
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
-LORA_KWARG = "lmforge_lora"
 _WEIGHTS_ATTR = "_lmforge_lora"
 _SLOT_ATTR = "_lmforge_lora_slot"
 _PEFT_PREFIX = "base_model.model."
