@@ -53,6 +53,7 @@ from lmforge.deploy.plan.timing import (
     Timings,
     timings,
 )
+from lmforge.engines.memory import kv_bytes_per_token
 from lmforge.hf import (
     QUANT_SCALE_OVERHEAD_BITS,
     ModelFileError,
@@ -226,7 +227,12 @@ def _assemble(
         weights_bytes=weights.bytes,
         weights_source=weights.source,
         download_bytes=weights.download_bytes,
-        kv_bytes_per_token=2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * prec.act_bytes,
+        kv_bytes_per_token=kv_bytes_per_token(
+            num_layers=shape.num_layers,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype_bytes=prec.act_bytes,
+        ),
         kv_bytes_per_token_per_gpu=mem.kv_per_token,
         kv_tokens=batch * max_len if budget is None else budget // mem.kv_per_token,
         weights_per_gpu_bytes=mem.weights,

@@ -11,6 +11,7 @@ from lmforge.config.schema import ServingConfig
 from lmforge.deploy.instances import InstanceType
 from lmforge.deploy.plan.checks import compute_dtype
 from lmforge.deploy.plan.model import GIB, MIB, Notes
+from lmforge.engines.memory import kv_bytes_per_token
 from lmforge.hf import (
     QUANT_SCALE_OVERHEAD_BITS,
     ModelFileError,
@@ -82,13 +83,18 @@ def memory(
     if instance.is_cpu:
         # one host, one memory pool: all ranks' shards and caches together
         weights = weights_bytes
-        kv_per_token = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * kv_bytes
+        kv_per_token = kv_bytes_per_token(
+            num_layers=shape.num_layers, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+            dtype_bytes=kv_bytes,
+        )  # fmt: skip
         available = int(instance.host_memory_gib * GIB * CPU_HOST_USABLE_FRACTION)
     else:
         weights = math.ceil(weights_bytes / (tp * pp))
         layers = math.ceil(shape.num_layers / pp)
         heads = max(1, math.ceil(shape.num_kv_heads / tp))
-        kv_per_token = 2 * layers * heads * shape.head_dim * kv_bytes
+        kv_per_token = kv_bytes_per_token(
+            num_layers=layers, num_kv_heads=heads, head_dim=shape.head_dim, dtype_bytes=kv_bytes
+        )
         available = int(instance.memory_per_gpu_gib * GIB * utilization)
     kv = kv_budget if kv_budget is not None else kv_per_token * batch * max_len
     overhead = OVERHEAD_FIXED_BYTES + int(OVERHEAD_WEIGHT_SHARE * weights)
