@@ -131,6 +131,27 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
     assert not cpu_image.engine.containers("dev.lmforge.local"), "delete stops the container"
 
 
+def test_sdk_v3_model_builder_deploys_the_pushed_image_and_the_stream_is_read(
+    pushed: str, local: dict[str, str], clients: dict[str, Any], tiny_model: Path, tmp_path: Path
+) -> None:
+    """SageMaker SDK v3's ModelBuilder (its role validation included) deploys lmforge's pushed cpu
+    image on the local SageMaker in image mode; the example streams from the container through boto3
+    and lmforge's reader, and the stream equals the non-streamed answer."""
+    from tests.sdk3 import ensure_sdk3, run_v3, sdk3_env
+
+    env = sdk3_env(local, ensure_sdk3(), tmp_path)
+    name = "image-sdk3"
+    args = ("--endpoint-name", name, "--instance-type", "ml.m5.xlarge", "--image-uri", pushed, "--keep")
+    proc = run_v3(env, ROOT / "examples" / "sagemaker_sdk_v3.py", str(tiny_model), *args, timeout=600)
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "matches the stream: True" in proc.stderr
+        status = lmforge("local", "status", env=local).stdout
+        assert f"{name}/AllTraffic: image mode, image {pushed}" in status
+    finally:
+        clients["sagemaker"].delete_endpoint(EndpointName=name)
+
+
 def _deploy_raw(clients: dict[str, Any], name: str, image: str, model_data: str) -> dict[str, Any]:
     sm = clients["sagemaker"]
     sm.create_model(

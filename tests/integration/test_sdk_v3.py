@@ -5,7 +5,7 @@ response stream, read by lmforge's reader; and the IAM answers behind the role v
 v3 and v2 are the same top-level package, ``sagemaker``: .venv has v2 (the other SDK tests'), and
 v3 is installed beside it in .venv/sdk3 (``make sdk3``: pinned, without dependencies; what it imports
 comes from .venv). v3 runs in subprocesses with .venv/sdk3 first on ``PYTHONPATH`` and only v3's
-``sagemaker`` visible (:data:`V3_ONLY`). Deployments use the module's shared local SageMaker
+``sagemaker`` visible (:data:`tests.sdk3.V3_ONLY`). Deployments use the module's shared local SageMaker
 (process mode), as examples/sagemaker_sdk_v3.py does for a user.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,23 +22,13 @@ from typing import Any
 import pytest
 
 from tests.local_sagemaker import boto3_clients
+from tests.sdk3 import ensure_sdk3, run_v3, sdk3_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sagemaker_sdk_v3.py"
-SDK3 = Path(sys.prefix) / "sdk3"
 ACCOUNT = "123456789012"
-
-#: Runs ``argv[2]`` with only v3's ``sagemaker`` importable. v3's package ``__init__`` extends its
-#: ``__path__`` over every ``sagemaker/`` folder on ``sys.path`` (``pkgutil.extend_path``), which here
-#: includes .venv's v2: a module v3 lacks would load from v2 instead of failing as it does where only
-#: v3 is installed. Trimming ``__path__`` once, before anything else imports, closes that.
-V3_ONLY = (
-    "import os, runpy, sys, sagemaker; "
-    "sagemaker.__path__[:] = [p for p in sagemaker.__path__ if os.path.dirname(p) == sys.argv[1]]; "
-    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
 
 #: what ``make sdk3`` leaves out of .venv/sdk3, and why it may (see the Makefile)
 NOT_INSTALLED = {
@@ -56,45 +45,18 @@ NOT_INSTALLED = {
 @pytest.fixture(scope="session")
 def sdk3() -> Path:
     """.venv/sdk3, installed by ``make sdk3`` when it is not there yet."""
-    if not (SDK3 / ".installed-stamp").exists():
-        proc = subprocess.run(
-            ["make", "-s", "sdk3", f"VENV={sys.prefix}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, f"make sdk3 failed:\n{proc.stdout}\n{proc.stderr}"
-    return SDK3
+    return ensure_sdk3()
 
 
 @pytest.fixture(scope="module")
 def v3_env(local: dict[str, str], sdk3: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The user's ``lmforge local up --print-env`` environment, for SDK v3 (telemetry off: it would
-    send a request to AWS with the local account's id)."""
-    config = tmp_path_factory.mktemp("sdk3-config") / "config.yaml"
-    config.write_text(
-        "SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n"
-    )
-    return {**local, "PYTHONPATH": str(sdk3), "SAGEMAKER_USER_CONFIG_OVERRIDE": str(config)}
+    """The user's ``lmforge local up --print-env`` environment, for SDK v3."""
+    return sdk3_env(local, sdk3, tmp_path_factory.mktemp("sdk3-config"))
 
 
 @pytest.fixture(scope="module")
 def iam(local: dict[str, str]) -> Any:
     return boto3_clients(local, "iam")["iam"]
-
-
-def run_v3(
-    env: dict[str, str], script: Path, *args: str, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """``python SCRIPT ARGS`` with SDK v3 (and only v3) as ``sagemaker``."""
-    return subprocess.run(
-        [sys.executable, "-c", V3_ONLY, env["PYTHONPATH"], str(script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def run_v3_code(
