@@ -1104,7 +1104,7 @@ def test_extreme_sampling_values_never_kill_the_engine(tiny_model: Path) -> None
                 timeout=30,
             )
             assert resp.status_code == 200, resp.text
-            assert resp.json()["generated_text"], resp.text
+            assert isinstance(resp.json()["generated_text"], str), resp.text  # a token may decode to ""
             time.sleep(0.5)  # the supervisor notices a dead loop within 0.25 s
             assert http_client().get(server.url + "/ping", timeout=5).status_code == 200, (
                 "one request killed the engine"
