@@ -309,6 +309,24 @@ def same_alone_and_in_a_crowd(
     return dict(zip(names, alone, strict=True))
 
 
+def same_with_adapters_in_a_crowd(url: str, prompts: Sequence[str], peft: Any) -> None:
+    """:func:`standard_probes` for the base model and adapters ``a1`` and ``a2`` (its echo probes) in one
+    crowd, each the same as alone; each echo probe's prompt log-probs equal ``peft``'s forward pass
+    with the same adapter (:class:`lmforge.testing.lora.PeftReference`, within 1e-3), so the scorer
+    applies the request's adapter."""
+    probes = [*standard_probes(prompts), *standard_probes(prompts, adapter="a1")]
+    probes += [p for p in standard_probes(prompts, adapter="a2") if "echo" in p.name]
+    answers = same_alone_and_in_a_crowd(url, probes, rounds=1)
+    assert answers["echo-1"]["logprobs"] != answers["a1-echo-1"]["logprobs"], "a1 changed nothing"
+    assert answers["a1-echo-1"]["logprobs"] != answers["a2-echo-1"]["logprobs"], "a1 and a2 scored alike"
+    for i, prompt in enumerate(prompts[:4]):
+        for adapter in (None, "a1", "a2"):
+            want = peft.prompt_logprobs(prompt, adapter)
+            got = answers[f"{adapter}-echo-{i}" if adapter else f"echo-{i}"]["logprobs"][1 : 1 + len(want)]
+            worst = max(abs(g - w) for g, w in zip(got, want, strict=True))
+            assert worst <= 1e-3, (adapter, prompt, got, want)
+
+
 def prompt_logprobs(answer: Answer, prompt_len: int) -> list[float | None]:
     """The prompt's part of an ``echo`` answer's log-probs (the first is None: nothing before it)."""
     return list(answer["logprobs"][:prompt_len])

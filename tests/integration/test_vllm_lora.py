@@ -241,20 +241,6 @@ def test_removing_an_adapter_lets_its_running_request_finish_with_it(
 
 def test_the_same_answer_alone_or_in_a_crowd_of_adapters(server: RemoteServer, peft: PeftReference) -> None:
     """:mod:`tests.same_answer` with two adapters and the base model mixed in one crowd."""
-    from tests.same_answer import same_alone_and_in_a_crowd, standard_probes
+    from tests.same_answer import same_with_adapters_in_a_crowd
 
-    probes = [*standard_probes(PROMPTS), *standard_probes(PROMPTS, adapter="a1")]
-    probes += [p for p in standard_probes(PROMPTS, adapter="a2") if "echo" in p.name]
-    answers = same_alone_and_in_a_crowd(server.url, probes, rounds=1)
-    assert answers["echo-1"]["logprobs"] != answers["a1-echo-1"]["logprobs"]
-    assert answers["a1-echo-1"]["logprobs"] != answers["a2-echo-1"]["logprobs"]
-    for i, prompt in enumerate(PROMPTS[:4]):  # each prompt scored with its adapter, as PEFT scores it
-        for adapter in (None, "a1", "a2"):
-            want = peft.prompt_logprobs(prompt, adapter)
-            got = answers[f"{adapter}-echo-{i}" if adapter else f"echo-{i}"]["logprobs"][1 : 1 + len(want)]
-            assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 1e-3, (
-                adapter,
-                prompt,
-                got,
-                want,
-            )
+    same_with_adapters_in_a_crowd(server.url, PROMPTS, peft)
