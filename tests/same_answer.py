@@ -309,14 +309,14 @@ def same_alone_and_in_a_crowd(
     return dict(zip(names, alone, strict=True))
 
 
-def same_with_adapters_in_a_crowd(url: str, prompts: Sequence[str], peft: Any) -> None:
+def same_with_adapters_in_a_crowd(url: str, prompts: Sequence[str], peft: Any, *, tol: float = TOL) -> None:
     """:func:`standard_probes` for the base model and adapters ``a1`` and ``a2`` (its echo probes) in one
-    crowd, each the same as alone; each echo probe's prompt log-probs equal ``peft``'s forward pass
-    with the same adapter (:class:`lmforge.testing.lora.PeftReference`, within 1e-3), so the scorer
-    applies the request's adapter."""
+    crowd, each the same as alone (log-probs within ``tol``); each echo probe's prompt log-probs equal
+    ``peft``'s forward pass with the same adapter (:class:`lmforge.testing.lora.PeftReference`, within
+    1e-3), so the scorer applies the request's adapter."""
     probes = [*standard_probes(prompts), *standard_probes(prompts, adapter="a1")]
     probes += [p for p in standard_probes(prompts, adapter="a2") if "echo" in p.name]
-    answers = same_alone_and_in_a_crowd(url, probes, rounds=1)
+    answers = same_alone_and_in_a_crowd(url, probes, rounds=1, tol=tol)
     assert answers["echo-1"]["logprobs"] != answers["a1-echo-1"]["logprobs"], "a1 changed nothing"
     assert answers["a1-echo-1"]["logprobs"] != answers["a2-echo-1"]["logprobs"], "a1 and a2 scored alike"
     for i, prompt in enumerate(prompts[:4]):

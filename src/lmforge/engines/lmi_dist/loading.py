@@ -222,9 +222,10 @@ def build(cfg: ServingConfig) -> Built:
         max_model_len = capacity
     log.info("lmi-dist startup phases (s): %s", " ".join(f"{k}={v:.3f}" for k, v in phases.items()))
     log.info(
-        "lmi-dist ready: %s, dtype=%s, tensor parallel %d, max_model_len=%d, KV cache %d blocks x %d tokens "
-        "(%.1f MiB), prefill chunk %d tokens",
+        "lmi-dist ready: %s on %s, dtype=%s, tensor parallel %d, max_model_len=%d, "
+        "KV cache %d blocks x %d tokens (%.1f MiB), prefill chunk %d tokens",
         path,
+        model.device.type,
         model.dtype,
         world,
         max_model_len,
