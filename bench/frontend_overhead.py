@@ -11,6 +11,8 @@ concurrencies.
 By default lmforge streams LMI jsonlines from ``/invocations`` while vLLM streams ``/v1/completions``
 SSE; ``--api openai`` loads both on the same route and framing (``/v1/completions`` SSE with
 ``stream_options.include_usage``): the like-for-like figure, in frontend-overhead-vllm-openai.json.
+bench/vllm_bench_parity.py makes the same comparison with vLLM's own load generator (``vllm bench
+serve``) on both OpenAI routes.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3] [--api openai]
         [--model tiny|smollm2-135m]

@@ -36,6 +36,18 @@ EXTERNAL = (
         0.98,
         "the same, both on `/v1/chat/completions` SSE, lowest",
     ),
+    (
+        "vllm_bench_parity",
+        "frontend-overhead-vllm-bench-chat",
+        0.98,
+        "lmforge / `vllm serve` output tok/s by `vllm bench serve`, `/v1/chat/completions`, lowest",
+    ),
+    (
+        "vllm_bench_parity",
+        "frontend-overhead-vllm-bench-completions",
+        0.98,
+        "the same by `vllm bench serve`, `/v1/completions`, lowest",
+    ),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
     (
         "lm_eval_parity",
@@ -436,6 +448,7 @@ batch x bandwidth / (weight bytes + batch x mean context x KV bytes per token). 
 LABELS = {
     "lora": "LoRA adapters",
     "frontend_overhead": "Frontend overhead",
+    "vllm_bench_parity": "Frontend overhead",
     "engines": "Engines",
     "sessions": "Sticky sessions",
     "routing": "Routing",
@@ -664,6 +677,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/lora.py               # --model smollm2-135m: the 135 M model (15 % goal)
 .venv/bin/python bench/lora_step.py          # one decode step of the 135 M model with LoRA, profiled
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
+.venv/bin/python bench/vllm_bench_parity.py  # the same judged by vLLM's own `vllm bench serve`, both routes
 .venv/bin/python bench/engines.py            # needs vLLM
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
 .venv/bin/python bench/routing.py            # 2 instances on the local SageMaker: RANDOM vs least outstanding

@@ -585,6 +585,54 @@ def test_openai_chat_route_streams_sse_whatever_accept_says(tiny_model: Path) ->
     run(tiny_model, scenario)
 
 
+async def _asgi_messages(srv: Served, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ASGI messages the app sends for one request (what uvicorn turns into socket writes)."""
+    pending = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        await asyncio.Event().wait()  # the client stays
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b""}
+    await srv.app(scope, receive, send)
+    return sent
+
+
+def test_a_stream_ends_with_its_last_token_in_one_write(tiny_model: Path) -> None:
+    """The last token's frame, OpenAI's usage chunk and ``[DONE]`` and the end of the chunked body go as
+    one message, one write on the socket (they were three): a client reading one answer at a time
+    has all of it with its last token. Every token before goes out as it comes, one message each."""
+
+    async def scenario(srv: Served) -> None:
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+        openai = await _asgi_messages(
+            srv, "/v1/chat/completions", {**chat, "stream_options": {"include_usage": True}}
+        )
+        lmi = await _asgi_messages(
+            srv, "/invocations", {"inputs": PROMPT, "parameters": {"max_new_tokens": 4}, "stream": True}
+        )
+        for sent, tokens in ((openai, 4), (lmi, 4)):
+            assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+            bodies = sent[1:]
+            assert len(bodies) == tokens and all(m["type"] == "http.response.body" for m in bodies)
+            assert all(m["more_body"] for m in bodies[:-1]) and not bodies[-1]["more_body"]
+        events = [e.removeprefix("data: ") for e in openai[-1]["body"].decode().split("\n\n") if e]
+        assert events[-1] == "[DONE]" and len(events) == 3
+        last, usage = json.loads(events[0]), json.loads(events[1])
+        assert last["choices"][0]["finish_reason"] == "length" and usage["usage"]["completion_tokens"] == 4
+        final = json.loads(lmi[-1]["body"])  # LMI: the last line, with generated_text
+        assert final["generated_text"] == srv.engine.text(PROMPT, 4)
+
+    run(tiny_model, scenario)
+
+
 def test_openai_completions(tiny_model: Path) -> None:
     async def scenario(srv: Served) -> None:
         expected = srv.engine.text(PROMPT, 5)

@@ -94,6 +94,15 @@ class Input:
 StreamSource = Iterable[Any] | AsyncIterable[Any]
 
 
+class LastChunk(bytes):
+    """A stream's last item, marked as such by the stream that yields it: the server sends it together
+    with the end of the body, in one write (a streamed reply's last token, its usage chunk and
+    ``[DONE]`` and the chunked encoding's end were three ``send()`` system calls and three wake-ups of
+    the client). The bytes are the same; a consumer that does not know the mark reads plain bytes."""
+
+    __slots__ = ()
+
+
 class Output:
     def __init__(self, code: int = 200, message: str = "OK") -> None:
         self.code = code
@@ -138,7 +147,8 @@ class Output:
         return self
 
     def add_stream_content(self, stream: StreamSource, output_formatter: Any = None) -> Output:
-        """Stream ``stream``'s items (str or bytes) as the response body, each sent as it comes."""
+        """Stream ``stream``'s items (str or bytes) as the response body, each sent as it comes (a
+        :class:`LastChunk` ends the body)."""
         self.stream = stream
         return self
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from lmforge.engines.protocol import FinishReason, GenerationEvent
 from lmforge.errors import LmforgeError, classify, error_for_status
 from lmforge.handlers import openai_formatters as ofmt
+from lmforge.handlers.io import LastChunk
 
 Events = AsyncGenerator[GenerationEvent, None]
 
@@ -94,22 +95,23 @@ async def frames(
     """One stream's frames as each event comes, then ``trailer`` (OpenAI's usage and ``[DONE]``).
 
     The hot path (a frame per token) keeps its own loop: one async-generator hop less per token than
-    :func:`through_final` (bench/streaming_ceiling.py)."""
+    :func:`through_final` (bench/streaming_ceiling.py). The final event's frame and the trailer go as
+    one :class:`~lmforge.handlers.io.LastChunk`, which the server writes with the end of the body."""
     async with contextlib.aclosing(events):
         event = first
         try:
             while True:
-                yield stream_frame(event, media)
+                frame = stream_frame(event, media)
                 if event.finished:
                     break
+                yield frame
                 try:
                     event = await anext(events)
                 except StopAsyncIteration:
                     event = cut_short(event)
         except Exception as exc:  # the status line is gone: report in-band, in the stream's framing
-            yield stream_frame(error_event(event, exc), media)
-    if trailer is not None:
-        yield trailer(media)
+            frame = stream_frame(error_event(event, exc), media)
+        yield LastChunk(frame + trailer(media) if trailer is not None else frame)
 
 
 async def merged_choices(

@@ -17,6 +17,7 @@ from collections.abc import (
 from typing import Any
 
 from lmforge.errors import LmforgeError, PayloadTooLargeError
+from lmforge.handlers.io import LastChunk
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -130,8 +131,10 @@ async def stream_response(
 ) -> bool:
     """Send ``stream``'s items as a chunked body, one flush per item.
 
-    A client disconnect cancels the producer and closes ``stream`` (``aclose``), which aborts the
-    engine request behind it. Returns False when the client went away.
+    A :class:`~lmforge.handlers.io.LastChunk` ends the body with it, in the same write; the stream is
+    closed after that without being read further. A client disconnect cancels the producer and closes
+    ``stream`` (``aclose``), which aborts the engine request behind it. Returns False when the client
+    went away.
     """
     source: AsyncIterator[Any] = aiter(stream) if isinstance(stream, AsyncIterable) else from_sync(stream)
     disconnected = False
@@ -141,6 +144,9 @@ async def stream_response(
             {"type": "http.response.start", "status": status, "headers": _headers(content_type, headers)}
         )
         async for item in source:
+            if isinstance(item, LastChunk):
+                await send({"type": "http.response.body", "body": bytes(item), "more_body": False})
+                return
             data = item.encode("utf-8") if isinstance(item, str) else bytes(item)
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})

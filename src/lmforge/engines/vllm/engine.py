@@ -11,7 +11,15 @@ results between the two vocabularies:
   its log-prob (vLLM always returns the sampled token's) and, when asked, the top-n alternatives;
 * a stop string ends with ``stop_sequence``, EOS or a stop token id with ``eos_token`` (LMI reports
   both as ``eos_token``);
-* closing the stream early (a client disconnect) closes vLLM's generator, which aborts the request;
+* prompts reach vLLM rendered (:meth:`VllmEngine._engine_input`, as vLLM's own server renders them), so
+  ``AsyncLLM`` takes them as they are, on the event loop; a raw ``{"prompt_token_ids": ...}`` would send
+  every request through a worker thread of vLLM's renderer and back;
+* closing the stream early (a client disconnect) closes vLLM's generator, which aborts the request; a
+  request vLLM has finished is read to its end instead, which sends vLLM's engine core nothing (closing
+  a finished request's generator sends it an abort);
+* vLLM's Prometheus metrics are not kept (:func:`_no_prometheus`): lmforge serves its own ``/metrics``
+  and nothing reads vLLM's registry in this process, whose upkeep was ~10 % of the server's CPU per
+  token; vLLM's periodic throughput log line stays;
 * an unseeded sampled request gets a seed of its own, as in LMI-Dist;
 * LoRA (``option.enable_lora``): an adapter becomes a ``LoRARequest(name, int_id, path)`` loaded into
   vLLM's host-memory adapter cache when it is registered, and every request for it carries that
@@ -129,7 +137,26 @@ class VllmEngine(EngineBase):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        loggers = _no_prometheus()
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
+
+    def _engine_input(self, prompt_ids: list[int]) -> Any:
+        """The prompt as vLLM's renderer makes it for ``AsyncLLM.generate`` (``Renderer.render_cmpl``, the
+        path vLLM's docstring gives), made here on the event loop: token ids need no tokenizing, and a raw
+        ``{"prompt_token_ids": ...}`` makes ``AsyncLLM`` do the same rendering in a worker thread of its
+        renderer (a thread hop there and back for every request, ~0.1-1 ms of TTFT on a busy machine).
+        The raw prompt where this vLLM has no such renderer."""
+        renderer = getattr(self._llm, "renderer", None)
+        raw = {"prompt_token_ids": prompt_ids}
+        if renderer is None or not hasattr(renderer, "render_cmpl"):
+            return raw
+        try:
+            from vllm.renderers.inputs.preprocess import parse_model_prompt
+        except ImportError:
+            return raw
+        parsed = parse_model_prompt(self._llm.model_config, raw)
+        (engine_input,) = renderer.render_cmpl([parsed], renderer.default_cmpl_tok_params)
+        return engine_input
 
     def _load_tokenizer(self, kwargs: dict[str, Any]) -> Any:
         from transformers import AutoTokenizer
@@ -286,19 +313,25 @@ class VllmEngine(EngineBase):
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
         try:
-            stream = self._llm.generate(
-                {"prompt_token_ids": prompt_ids}, sampling, vllm_id, lora_request=lora
-            )
+            try:
+                prompt = self._engine_input(prompt_ids)
+            except (VLLMClientError, ValueError) as exc:  # vLLM's checks of the prompt
+                raise _refusal(exc, params) from None
+            stream = self._llm.generate(prompt, sampling, vllm_id, lora_request=lora)
             async with contextlib.aclosing(stream):  # closing it aborts the request inside vLLM
                 try:
                     output = await anext(stream)
                 except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
-                    fallback = F.STRUCTURED if params.structured is not None else F.PROMPT
-                    field = _FIELD.get(str(getattr(exc, "parameter", None)), fallback)
-                    raise FieldError(field, str(exc)) from None
+                    raise _refusal(exc, params) from None
                 scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
                 while True:
-                    for event in self._events(output, params, state):
+                    events = self._events(output, params, state)
+                    if output.finished:
+                        # vLLM is done with it: read its stream to the end before the last event goes out
+                        # (the caller closes this generator after it), so that closing does not send
+                        # vLLM's engine core an abort for a finished request
+                        await anext(stream, None)
+                    for event in events:
                         if scored is not None:  # the first event carries the prompt's log-probs
                             event.prompt_logprobs, scored = scored, None
                         yield event
@@ -347,6 +380,48 @@ class VllmEngine(EngineBase):
         if reason == "abort":
             return FinishReason.ABORT
         return FinishReason.ERROR
+
+
+def _refusal(exc: Exception, params: SamplingParams) -> FieldError:
+    """vLLM's refusal of a request (its checks of the prompt, the settings, a schema) as a FieldError
+    naming lmforge's field."""
+    fallback = F.STRUCTURED if params.structured is not None else F.PROMPT
+    return FieldError(_FIELD.get(str(getattr(exc, "parameter", None)), fallback), str(exc))
+
+
+def _no_prometheus() -> list[Any]:
+    """Stat loggers for ``AsyncLLM`` that keep vLLM's periodic log line but not its Prometheus metrics.
+
+    vLLM adds a ``PrometheusStatLogger`` unless one of the given loggers is one; its ``record`` runs on
+    every engine step (counters, gauges and histograms per token: ~10 % of this process's CPU per
+    streamed token at concurrency 1, bench/vllm_bench_parity.py) for a registry nothing reads here
+    (lmforge's ``/metrics`` is its own). This stands in for it and does nothing. Where vLLM's class
+    is not the one this knows, nothing is replaced."""
+    try:
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
+    except ImportError:
+        return []
+
+    class NoPrometheus(PrometheusStatLogger):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+            self.engine_indexes = engine_indexes or [0]
+
+        def record(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_sleep_state(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def record_admission_rejection(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return [NoPrometheus]
 
 
 def _adapter_error(adapter: LoraAdapter, exc: Exception, max_loras: int) -> LmforgeError:
