@@ -21,8 +21,19 @@ The engine's own load time, for comparison: LMI-Dist = a bare script (fresh proc
 transformers, ``from_pretrained`` tokenizer and model, one ``generate`` call as warm-up); vLLM = the
 durations its own log lines report. Best of ``--repeats`` starts (by time to ready).
 
-Usage: python bench/cold_start.py [--model tiny|smollm2-135m] [--repeats 3] [--no-vllm] [--out FILE]
-(default FILE: bench/results/cold-start.json, cold-start-smollm2-135m.json for the 135 M model)
+``--compiled`` (vLLM): the start with torch.compile as vLLM does it by default (no enforce_eager), with
+and without ``lmforge compile``'s artifact, in one run and interleaved, every start with empty
+``VLLM_CACHE_ROOT`` and ``TORCHINDUCTOR_CACHE_DIR`` folders: **uncompiled** (vLLM inspects the model,
+compiles, warms up), then ``lmforge compile`` once (timed), then per repeat: uncompiled, **compiled
+hit** (lmforge's defaults), and **compiled hit, engine core spawned** (``LMFORGE_VLLM_ENGINE_CORE_START=
+spawn``: vLLM's own process start, the "before" of lmforge's fork); plus LMI-Dist for scale. Each start's
+phases come from the arrival time of its log lines (millisecond stamps taken as the lines arrive, for
+vLLM's lines too, whose own stamps carry whole seconds).
+
+Usage: python bench/cold_start.py [--model tiny|smollm2-135m] [--repeats 3] [--no-vllm] [--compiled]
+    [--out FILE]
+(default FILE: bench/results/cold-start.json, cold-start-smollm2-135m.json for the 135 M model;
+cold-start-compiled[-smollm2-135m].json with --compiled)
 """
 
 from __future__ import annotations
@@ -131,6 +142,38 @@ def vllm_timeline(t0: float, log: str) -> list[dict[str, Any]]:
     return out
 
 
+#: milestones of a vLLM start with lmforge's compile cache, in order (matched on lines as they arrive)
+COMPILED_MILESTONES = (
+    ("lmforge server up", re.compile(r"lmforge serving ")),
+    ("vLLM imported (server process)", re.compile(r"^\S+ \S+ (?:INFO|WARNING) vllm\.")),
+    ("compile cache decided", re.compile(r"compile cache: (?:hit|miss|none)")),
+    ("engine config resolved", re.compile(r"Resolved architecture")),
+    ("EngineCore process up", re.compile(r"Initializing a V1 LLM engine")),
+    ("worker process up, model load begins", re.compile(r"Starting to load model")),
+    ("weights loaded", re.compile(r"Loading weights took")),
+    ("graph loaded or compiled", re.compile(r"Directly load AOT compilation|saved AOT compiled function")),
+    ("warm-up + KV cache done", re.compile(r"init engine \(profile, create kv cache, warmup model\)")),
+    ("vLLM engine ready (tokenizer next)", re.compile(r"vLLM engine ready in ")),
+    ("ready (lmforge: model loaded)", re.compile(r"model loaded in ")),
+)
+
+
+def stamped_timeline(
+    t0: float, stamps: Stamps, milestones: tuple[tuple[str, re.Pattern[str]], ...] = COMPILED_MILESTONES
+) -> list[dict[str, Any]]:
+    """When each milestone's first line arrived, in seconds after process start ``t0``, and the time
+    since the previous milestone (the phase it ends)."""
+    out: list[dict[str, Any]] = []
+    prev = 0.0
+    for label, pattern in milestones:
+        at = next((t - t0 for t, line in stamps if pattern.search(line)), None)
+        if at is None:
+            continue
+        out.append({"milestone": label, "at_s": round(at, 3), "phase_s": round(max(0.0, at - prev), 3)})
+        prev = max(prev, at)
+    return out
+
+
 def breakdown(t0: float, ready: float, log: str) -> dict[str, Any]:
     """Process start ``t0`` and first ``/ping`` 200 ``ready`` (epoch seconds) against the log."""
     boot = None
@@ -154,28 +197,45 @@ def breakdown(t0: float, ready: float, log: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- runs
 
 
+Stamps = list[tuple[float, str]]
+
+
 def start_and_time(
     model: Path, env: dict[str, str], timeout: float, attempts: int = 3
-) -> tuple[dict[str, Any], str, float]:
-    """One cold start: (breakdown, server log, process start time). A start whose log does not say the
-    model loaded answered /ping from somewhere else (another process took the port first): retried."""
+) -> tuple[dict[str, Any], str, float, Stamps]:
+    """One cold start: (breakdown, server log, process start time, each log line with its arrival time).
+    A start whose log does not say the model loaded answered /ping from somewhere else (another process
+    took the port first): retried."""
     for _ in range(attempts):
-        row, log, t0 = _start_once(model, env, timeout)
+        row, log, t0, stamps = _start_once(model, env, timeout)
         if "model_load_s" in row:
-            return row, log, t0
+            return row, log, t0, stamps
         print(
             "cold start: /ping answered before this server loaded its model (port taken?); again", flush=True
         )
     raise RuntimeError(f"no valid cold start in {attempts} attempts")
 
 
-def _start_once(model: Path, env: dict[str, str], timeout: float) -> tuple[dict[str, Any], str, float]:
+def _read_lines(stream: Any, log_file: Any, stamps: Stamps) -> None:
+    """Copy the server's output to its log, stamping each line with its arrival time."""
+    for raw in iter(stream.readline, b""):
+        stamps.append((time.time(), raw.decode("utf-8", "replace").rstrip("\n")))
+        log_file.write(raw)
+        log_file.flush()
+
+
+def _start_once(
+    model: Path, env: dict[str, str], timeout: float
+) -> tuple[dict[str, Any], str, float, Stamps]:
+    import threading
+
     import httpx
 
-    from lmforge.testing.server import free_port
+    from lmforge.process import free_port
 
     port = free_port()
     log_path = model.parent / f"serve-{port}.log"
+    stamps: Stamps = []
     with open(log_path, "wb") as log_file:
         cmd = [
             sys.executable,
@@ -189,12 +249,15 @@ def _start_once(model: Path, env: dict[str, str], timeout: float) -> tuple[dict[
             "info",
         ]
         t0 = time.time()
-        proc = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        reader = threading.Thread(target=_read_lines, args=(proc.stdout, log_file, stamps), daemon=True)
+        reader.start()
         ready = None
         try:
             with httpx.Client(timeout=1) as client:
                 while time.time() - t0 < timeout:
                     if proc.poll() is not None:
+                        reader.join(5)
                         raise RuntimeError(
                             f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
                         )
@@ -211,10 +274,11 @@ def _start_once(model: Path, env: dict[str, str], timeout: float) -> tuple[dict[
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+            reader.join(10)
     log = log_path.read_text(errors="replace")
     if ready is None:
         raise TimeoutError(f"/ping not 200 within {timeout} s:\n{log[-3000:]}")
-    return breakdown(t0, ready, log), log, t0
+    return breakdown(t0, ready, log), log, t0, stamps
 
 
 BARE_SCRIPT = """
@@ -262,7 +326,7 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def lmi_dist(model: Path, repeats: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeats):
-        row, log, _t0 = start_and_time(model, {**os.environ, **ENV}, 300)
+        row, log, _t0, _stamps = start_and_time(model, {**os.environ, **ENV}, 300)
         row["engine_phases_s"] = lmi_phases(log)
         runs.append(row)
         print(f"lmi-dist: ready in {row['ready_s']:.2f} s {row}", flush=True)
@@ -287,7 +351,7 @@ def vllm(model: Path, repeats: int, cache: Path) -> dict[str, Any]:
     env = {**os.environ, **ENV, **VLLM_ENV, "VLLM_CACHE_ROOT": str(cache)}
     runs = []
     for _ in range(repeats):
-        row, log, t0 = start_and_time(folder, env, 600)
+        row, log, t0, _stamps = start_and_time(folder, env, 600)
         row["engine_log_durations"] = vllm_durations(log)
         row["timeline"] = vllm_timeline(t0, log)
         runs.append(row)
@@ -301,6 +365,136 @@ def vllm(model: Path, repeats: int, cache: Path) -> dict[str, Any]:
     }
 
 
+#: the example models' own serving settings, on vLLM with its default torch.compile (no enforce_eager)
+COMPILED_PROPERTIES = """\
+option.rolling_batch=vllm
+option.dtype=fp32
+option.max_rolling_batch_size=16
+option.max_model_len=2048
+"""
+#: the start variants of --compiled: (name, extra environment), interleaved per repeat
+VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("uncompiled", {}),
+    ("compiled hit", {}),
+    ("compiled hit, engine core spawned", {"LMFORGE_VLLM_ENGINE_CORE_START": "spawn"}),
+)
+
+
+def _empty_caches(root: Path) -> dict[str, str]:
+    """Fresh, empty vLLM and Inductor cache folders for one start."""
+    vllm_cache, inductor = Path(tempfile.mkdtemp(dir=root)), Path(tempfile.mkdtemp(dir=root))
+    return {"VLLM_CACHE_ROOT": str(vllm_cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
+
+
+def compiled_starts(model: Path, repeats: int, tmp: Path) -> dict[str, Any]:
+    """vLLM with torch.compile: uncompiled vs from ``lmforge compile``'s artifact, interleaved."""
+    uncompiled = model.parent / "vllm-uncompiled"
+    compiled = model.parent / "vllm-compiled"
+    for folder in (uncompiled, compiled):
+        if not folder.exists():
+            shutil.copytree(model, folder)
+        (folder / "serving.properties").write_text(COMPILED_PROPERTIES)
+    base = {**os.environ, **ENV, **VLLM_ENV}
+    caches = tmp / "caches"
+    caches.mkdir(exist_ok=True)
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmforge", "compile", str(compiled)],
+        env={**base, **_empty_caches(caches)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    compile_s = time.time() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"lmforge compile failed:\n{proc.stderr[-3000:]}")
+    print(f"vllm: lmforge compile took {compile_s:.1f} s", flush=True)
+    manifest = json.loads((compiled / "lmforge-compiled" / "vllm" / "manifest.json").read_text())
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in VARIANTS}
+    for _ in range(repeats):
+        for name, extra in VARIANTS:
+            folder = uncompiled if name == "uncompiled" else compiled
+            row, log, t0, stamps = start_and_time(folder, {**base, **extra, **_empty_caches(caches)}, 900)
+            row["timeline"] = stamped_timeline(t0, stamps)
+            row["engine_log_durations"] = vllm_durations(log)
+            row["compile_cache"] = next(
+                (m.group(0) for line in log.splitlines() if (m := re.search(r"compile cache: \S+", line))),
+                None,
+            )
+            row["vllm_loaded_graph"] = "Directly load AOT compilation" in log
+            row["vllm_compiled"] = "saved AOT compiled function" in log
+            runs[name].append(row)
+            print(f"vllm {name}: ready in {row['ready_s']:.2f} s ({row['compile_cache']})", flush=True)
+    best_by = {name: best(rows) for name, rows in runs.items()}
+    return {
+        "backend": "vllm-compiled",
+        "compile_s": compile_s,
+        "compile_manifest": {
+            "compile_seconds": manifest["compile_seconds"],
+            "files": len(manifest["files"]),
+            "bytes": sum(f["size"] for f in manifest["files"]),
+            "settings": manifest["settings"],
+        },
+        "variants": {
+            name: {"best": best_by[name], "runs": [r["ready_s"] for r in rows]} for name, rows in runs.items()
+        },
+        "ratio_compiled_vs_uncompiled": best_by["compiled hit"]["ready_s"] / best_by["uncompiled"]["ready_s"],
+        "same_run_pairs": [
+            {"uncompiled_s": u["ready_s"], "compiled_s": c["ready_s"], "ratio": c["ready_s"] / u["ready_s"]}
+            for u, c in zip(runs["uncompiled"], runs["compiled hit"], strict=True)
+        ],
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    """docs/performance.md's section for a --compiled result (bench/report.py calls it)."""
+    lmi = next((b for b in r["backends"] if b["backend"] == "lmi-dist"), None)
+    v = next(b for b in r["backends"] if b["backend"] == "vllm-compiled")
+    variants = v["variants"]
+    names = list(variants)
+    head = "| milestone | " + " | ".join(f"{n}: at (s) | phase (s)" for n in names) + " |\n"
+    head += "| --- |" + " --- | --- |" * len(names) + "\n"
+    labels = [label for label, _ in COMPILED_MILESTONES]
+    rows = []
+    for label in labels:
+        cells = []
+        for n in names:
+            hit = next((x for x in variants[n]["best"].get("timeline", []) if x["milestone"] == label), None)
+            cells.append(f"{hit['at_s']:.1f} | {hit['phase_s']:.1f}" if hit else "- | -")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    ready = " | ".join(f"**{variants[n]['best']['ready_s']:.1f}** | " for n in names)
+    rows.append(f"| **ready (ping 200)** | {ready}")
+    lmi_line = ""
+    if lmi is not None:
+        lmi_ready = lmi["best"]["ready_s"]
+        hit = variants["compiled hit"]["best"]["ready_s"]
+        lmi_line = (
+            f"\nLMI-Dist on the same model, same run: ready in {lmi_ready:.2f} s; the compiled vLLM start is "
+            f"**{hit / lmi_ready:.1f}x** LMI-Dist's (stretch goal: <= 3x).\n"
+        )
+    pairs = ", ".join(f"{p['uncompiled_s']:.1f} / {p['compiled_s']:.1f}" for p in v["same_run_pairs"])
+    m = v["compile_manifest"]
+    title = ", SmolLM2-135M" if r["settings"].get("model_key") == "smollm2-135m" else ""
+    return f"""## Cold start from a compiled artifact{title} (`bench/cold_start.py --compiled`)
+
+vLLM with torch.compile (its default; `option.enforce_eager` unset), `{r["model"]}`, every start with
+empty `VLLM_CACHE_ROOT` and `TORCHINDUCTOR_CACHE_DIR` folders, time to the first `/ping` 200, best of
+{r["settings"]["repeats"]} interleaved starts each. **uncompiled**: vLLM inspects the model, compiles and
+warms up at start. **compiled hit**: the same folder after `lmforge compile` ({v["compile_s"]:.0f} s, of
+which the engine start {m["compile_seconds"]:.0f} s; {m["files"]} files, {m["bytes"] / 2**20:.1f} MiB in
+`lmforge-compiled/vllm/`), lmforge's defaults (vLLM's engine core forked from the server process).
+**compiled hit, engine core spawned**: the same with `LMFORGE_VLLM_ENGINE_CORE_START=spawn` (vLLM's
+own process start: before lmforge's change). Result: `bench/results/{r["name"]}.json`.
+
+Compiled / uncompiled: **{v["ratio_compiled_vs_uncompiled"]:.2f}** (target <= 0.30); each repeat's pair
+(uncompiled / compiled, s): {pairs}.
+{lmi_line}
+Phases of the best start of each kind, from the arrival time of the log lines:
+
+{head}{chr(10).join(rows)}
+"""
+
+
 def main() -> None:
     import importlib.util
 
@@ -310,18 +504,26 @@ def main() -> None:
     parser.add_argument("--model", choices=MODELS, default=TINY, help="the model served")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-vllm", action="store_true", help="skip vLLM even when installed")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="vLLM with torch.compile: uncompiled vs lmforge compile's artifact",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    name = result_name(NAME, args.model)
+    name = result_name(NAME + ("-compiled" if args.compiled else ""), args.model)
     out = args.out or RESULTS / f"{name}.json"
     backends = []
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model(args.model, Path(tmp) / args.model)
         backends.append(lmi_dist(model, args.repeats))
-        if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
+        if args.compiled:
+            backends.append(compiled_starts(model, args.repeats, Path(tmp)))
+        elif not args.no_vllm and importlib.util.find_spec("vllm") is not None:
             backends.append(vllm(model, args.repeats, Path(tmp) / "vllm-cache"))
     command = "python bench/cold_start.py" + ("" if args.model == TINY else f" --model {args.model}")
-    result = {
+    command += " --compiled" if args.compiled else ""
+    result: dict[str, Any] = {
         "name": name,
         "machine": machine(),
         "versions": versions(),
@@ -335,6 +537,11 @@ def main() -> None:
         },
         "backends": backends,
     }
+    if args.compiled:
+        compiled = backends[-1]
+        # the summary's figure: uncompiled / compiled (>= 1 / 0.30 meets "compiled <= 30 % of uncompiled")
+        result["ratio"] = 1.0 / compiled["ratio_compiled_vs_uncompiled"]
+        result["target"] = round(1 / 0.30, 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

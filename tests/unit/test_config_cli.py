@@ -49,7 +49,7 @@ def test_show_lists_every_key_with_value_and_source(tmp_path: Path) -> None:
     assert table["max_request_size"] == ["6291456", "default"]
     assert table["option.rope_scaling"] == ["-", "default"]
     assert table["option.typo_key"][:2] == ["1", "serving.properties:3,"]
-    assert len(table) == 37  # 36 schema keys + 1 extra option
+    assert len(table) == 38  # 37 schema keys + 1 extra option
     assert result.stdout.splitlines()[0] == f"model folder: {tmp_path}"
     # the table has a header and column order key | value | source
     header = next(line for line in result.stdout.splitlines() if line.startswith("key"))
@@ -113,3 +113,19 @@ def test_config_group_is_named_config_and_registered() -> None:
     result = CliRunner().invoke(main, ["config", "show", "--help"])
     assert result.exit_code == 0
     assert "MODEL_DIR" in result.output
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_show_says_what_a_vllm_start_does_with_the_compiled_artifact(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs the vllm extra")
+    (tmp_path / "serving.properties").write_text("option.rolling_batch=vllm\n")
+    result = show(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "vLLM compile cache: none (no lmforge-compiled/vllm in the model folder)" in result.stdout
+    (tmp_path / "serving.properties").write_text("option.rolling_batch=vllm\noption.compile_cache=off\n")
+    assert "vLLM compile cache: none (option.compile_cache=off)" in show(tmp_path).stdout
+    (tmp_path / "serving.properties").write_text("option.rolling_batch=lmi-dist\n")
+    assert "compile cache" not in show(tmp_path).stdout

@@ -49,6 +49,7 @@ EXPECTED_KEYS: dict[str, tuple[str, object]] = {
     "option.adapter_s3_prefixes": ("adapter_s3_prefixes", None),
     "option.rope_scaling": ("rope_scaling", None),
     "option.enforce_eager": ("enforce_eager", False),
+    "option.compile_cache": ("compile_cache", "auto"),
     "option.gpu_memory_utilization": ("gpu_memory_utilization", 0.9),
     "option.num_threads": ("num_threads", None),
     "option.kv_cache_memory_mb": ("kv_cache_memory_mb", None),
@@ -209,6 +210,17 @@ def test_rolling_batch_values(tmp_path: Path, text: str) -> None:
 def test_bad_rolling_batch(tmp_path: Path, text: str) -> None:
     (line,) = errors(tmp_path, f"option.rolling_batch={text}\n")
     assert f"option.rolling_batch = {text!r}: expected one of auto, vllm, trtllm, lmi-dist, disable" in line
+
+
+@pytest.mark.parametrize(("text", "expected"), [("auto", "auto"), ("required", "required"), ("OFF", "off")])
+def test_compile_cache_values(tmp_path: Path, text: str, expected: str) -> None:
+    assert load(tmp_path, f"option.compile_cache={text}\n").config.compile_cache == expected
+    assert load(tmp_path, OPTION_COMPILE_CACHE=text).config.compile_cache == expected
+
+
+def test_bad_compile_cache_names_the_key_and_the_choices(tmp_path: Path) -> None:
+    (line,) = errors(tmp_path, "option.compile_cache=always\n")
+    assert "option.compile_cache = 'always': expected one of auto, required, off" in line
 
 
 @pytest.mark.parametrize(("text", "expected"), [("Python", "Python"), ("MPI", "MPI"), ("python", "Python")])

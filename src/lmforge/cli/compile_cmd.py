@@ -1,14 +1,25 @@
-"""``lmforge compile DIR --output OUT``: TensorRT-LLM's ahead-of-time step (``--dry-run``: the plan).
+"""``lmforge compile DIR``: compile a model folder ahead of time for the backend that serves it.
 
-The installed TensorRT-LLM decides what that is (``--trtllm-version`` plans for another release): from 1.3
-on, a ModelOpt quantization into a Hugging Face-style checkpoint (nothing is built at load); up to 1.2,
-TensorRT engines."""
+The backend decides what that is (one function per backend in :data:`_BACKENDS`):
+
+* **vLLM** (``option.rolling_batch=vllm``, or ``auto`` choosing vLLM): start the engine once with the
+  folder's serving configuration and keep the compiled graphs in ``DIR/lmforge-compiled/vllm/`` (in
+  place; ``--output OUT`` compiles a copy of the folder), with a manifest that every later start checks
+  (``compile cache: hit|miss|none``).
+* **TensorRT-LLM** (``option.rolling_batch=trtllm``, or ``--gpu-arch``/``--trtllm-version``): the
+  installed release decides (``--trtllm-version`` plans for another): from 1.3 on, a ModelOpt
+  quantization into a Hugging Face-style checkpoint (nothing is built at load); up to 1.2, TensorRT
+  engines. ``--output`` is required.
+
+``--dry-run`` prints the plan."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,17 +32,32 @@ if TYPE_CHECKING:
     from lmforge.engines.trtllm.version_gate import PathChoice
 
 
+@dataclass(frozen=True)
+class CompileRequest:
+    model_dir: Path
+    output: str | None
+    dry_run: bool
+    as_json: bool
+    gpu_arch: str | None
+    trtllm_version: str | None
+
+
 @click.command("compile")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--output", "-o", help="Engine folder, or an s3:// prefix to upload it to.")
 @click.option(
-    "--dry-run", is_flag=True, help="Print the build plan and stop (no GPU or TensorRT-LLM needed)."
+    "--output",
+    "-o",
+    help="vLLM: compile a copy of the folder there (default: in place). TensorRT-LLM: the engine or "
+    "checkpoint folder (required). An s3:// prefix uploads the result.",
 )
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop (nothing is compiled).")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
-@click.option("--gpu-arch", help="Plan for this GPU architecture (e.g. sm90) instead of the local GPU's.")
+@click.option(
+    "--gpu-arch", help="TensorRT-LLM: plan for this GPU architecture (e.g. sm90) instead of the local GPU's."
+)
 @click.option(
     "--trtllm-version",
-    help="Plan for this TensorRT-LLM release (e.g. 1.2.1, 1.3.0rc29) instead of the installed one.",
+    help="TensorRT-LLM: plan for this release (e.g. 1.2.1, 1.3.0rc29) instead of the installed one.",
 )
 def compile_command(
     model_dir: Path,
@@ -41,14 +67,129 @@ def compile_command(
     gpu_arch: str | None,
     trtllm_version: str | None,
 ) -> None:
-    """Compile MODEL_DIR for TensorRT-LLM ahead of time, by its serving.properties, so that serving the
-    output starts without that step. TensorRT-LLM >= 1.3: a ModelOpt-quantized checkpoint (option.quantize,
-    option.kv_cache_dtype; calibrated offline); <= 1.2: TensorRT engines. The output holds the result, the
-    tokenizer, the recorded plan and a serving.properties for it."""
+    """Compile MODEL_DIR ahead of time, by its serving.properties, for the backend that serves it, so
+    that serving it starts without compiling.
+
+    vLLM: starts the engine once with the serving configuration and keeps the compiled graphs in
+    MODEL_DIR/lmforge-compiled/vllm/ with a manifest (what was compiled, for which vLLM, torch and
+    machine); `lmforge serve` checks it at every start. TensorRT-LLM >= 1.3: a ModelOpt-quantized
+    checkpoint; <= 1.2: TensorRT engines (--output required)."""
+    request = CompileRequest(model_dir, output, dry_run, as_json, gpu_arch, trtllm_version)
+    backend = "trtllm" if (gpu_arch or trtllm_version) else _backend_of(model_dir)
+    _BACKENDS[backend](request)
+
+
+def _backend_of(model_dir: Path) -> str:
+    """The backend whose compile step applies: vLLM when option.rolling_batch names it (or ``auto``
+    chooses it here), else TensorRT-LLM's (which also plans for machines other than this one)."""
+    from lmforge.config import ConfigError, load_config
+    from lmforge.engines.registry import BackendUnavailableError, select_backend
+
+    try:
+        rolling_batch = load_config(model_dir).config.rolling_batch
+    except ConfigError as exc:
+        note(f"error: invalid configuration:\n{exc}")
+        raise SystemExit(2) from None
+    if rolling_batch in ("lmi-dist", "disable"):
+        note(
+            f"error: option.rolling_batch={rolling_batch}: nothing to compile ahead of time (LMI-Dist runs "
+            "the model eagerly and starts in seconds); lmforge compile is for vllm and trtllm"
+        )
+        raise SystemExit(2)
+    if rolling_batch == "auto":
+        try:
+            return "vllm" if select_backend("auto").name == "vllm" else "trtllm"
+        except BackendUnavailableError:
+            return "trtllm"
+    return rolling_batch
+
+
+def _compile_vllm(request: CompileRequest) -> None:
+    """vLLM: start the engine once, keep its compiled graphs in the folder (or in a copy at --output)."""
+    from lmforge import __version__
+    from lmforge.config import ConfigError, load_config
+    from lmforge.engines.vllm import compile_run
+    from lmforge.errors import LmforgeError
+
+    model_dir = request.model_dir
+    try:
+        resolved = load_config(model_dir)
+    except ConfigError as exc:
+        note(f"error: invalid configuration:\n{exc}")
+        raise SystemExit(2) from None
+    for warning in resolved.warnings:
+        note(f"warning: {warning}")
+    output = request.output
+    local_out = Path(output) if output and not output.startswith("s3://") else None
+    if local_out is not None and local_out.resolve() != model_dir.resolve():
+        from lmforge.engines.vllm.compile_cache import compiled_folder
+
+        # replaced only when it is an earlier compiled copy
+        _check_output(
+            output, model_dir, lambda p: (compiled_folder(p) / "manifest.json").is_file(), "compiled model"
+        )
+    try:
+        if request.dry_run:
+            target = local_out or model_dir
+            plan = compile_run.plan(resolved.config, resolved.extra_options, target)
+            click.echo(json.dumps(plan.to_dict(), indent=2) if request.as_json else plan.render())
+            note(f"Next: lmforge compile {model_dir}" + (f" --output {output}" if output else ""))
+            return
+        _log_to_stderr()
+
+        def build(target: Path) -> None:
+            if target.resolve() != model_dir.resolve():
+                note(f"copying {model_dir} to {target}")
+                _copy_model(model_dir, target)
+            here = load_config(target)  # the copy's own view (a relative option.model_id follows it)
+            config = here.config
+            if config.model_path is None:  # a hub id or s3:// prefix: download it as serving would
+                config = config.model_copy(update={"model_id": str(_source(here))})
+            compile_run.compile_folder(
+                config, here.extra_options, target, progress=note, created_by=f"lmforge {__version__}"
+            )
+
+        if output is None:
+            build(model_dir)
+            click.echo(str(model_dir))
+            note(f"Next: lmforge serve {model_dir}   (its start log says `compile cache: hit`)")
+            note(f"  or: lmforge deploy {model_dir} --endpoint-name NAME --instance-type TYPE")
+            return
+        _publish(output, build)
+    except LmforgeError as exc:
+        raise click.ClickException(exc.message) from None
+
+
+def _log_to_stderr() -> None:
+    """lmforge's own log lines (``compile cache: ...``) beside vLLM's, as ``lmforge serve`` shows them."""
+    import logging
+    import sys
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def _copy_model(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` without an earlier compiled artifact (replaced below)."""
+    from lmforge.engines.vllm.compile_cache import COMPILED_DIR
+
+    if target.exists():
+        shutil.rmtree(target)
+    top = source.resolve()
+    shutil.copytree(
+        source, target, ignore=lambda d, _names: {COMPILED_DIR} if Path(d).resolve() == top else set()
+    )
+
+
+def _compile_trtllm(request: CompileRequest) -> None:
+    """TensorRT-LLM: the quantized checkpoint (>= 1.3) or the TensorRT engines (<= 1.2)."""
     from lmforge.config import ConfigError, load_config
     from lmforge.engines.trtllm import plan as trt_plan
     from lmforge.engines.trtllm.version_gate import choose
 
+    model_dir, output, dry_run, as_json = request.model_dir, request.output, request.dry_run, request.as_json
+    gpu_arch, trtllm_version = request.gpu_arch, request.trtllm_version
     try:
         resolved = load_config(model_dir, env={})
         choice = choose(trtllm_version)
@@ -105,6 +246,10 @@ def compile_command(
         write_serving_properties(model_dir, target, plan)
 
     _publish(output, build)
+
+
+#: backend -> its compile step
+_BACKENDS: dict[str, Callable[[CompileRequest], None]] = {"vllm": _compile_vllm, "trtllm": _compile_trtllm}
 
 
 def _check_output(output: str | None, source: Path, is_ours: Callable[[Path], bool], what: str) -> None:

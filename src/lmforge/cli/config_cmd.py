@@ -39,6 +39,10 @@ def show_command(model_dir: Path) -> None:
     click.echo(f"handler on this machine (option.rolling_batch={resolved.config.rolling_batch}):")
     for line in _handler_lines(resolved):
         click.echo(f"  {line}")
+    compiled = _compile_cache_line(resolved)
+    if compiled is not None:
+        click.echo("")
+        click.echo(f"vLLM {compiled}")
 
 
 def _handler_lines(resolved: ResolvedConfig) -> list[str]:
@@ -51,3 +55,27 @@ def _handler_lines(resolved: ResolvedConfig) -> list[str]:
     if entry_point is not None:
         return [f"custom: {entry_point} (handle(inputs) serves; option.rolling_batch is for it to use)"]
     return explain_choice(config.rolling_batch)
+
+
+def _compile_cache_line(resolved: ResolvedConfig) -> str | None:
+    """``compile cache: hit|miss (...)|none`` as a vLLM start of this folder would decide it here (None
+    when vLLM does not serve it). With a compiled artifact present this imports vLLM (a few seconds):
+    the engine arguments to compare come from vLLM's own argument parser, as at a start."""
+    from lmforge.engines.registry import BackendUnavailableError, select_backend
+    from lmforge.handlers.custom import find_entry_point
+
+    config = resolved.config
+    if find_entry_point(config.model_dir, config.entry_point) is not None:
+        return None
+    try:
+        if select_backend(config.rolling_batch).name != "vllm":
+            return None
+    except BackendUnavailableError:
+        return None
+    from lmforge.engines.vllm import compile_run
+    from lmforge.errors import LmforgeError
+
+    try:
+        return compile_run.decide_here(config, resolved.extra_options).line()
+    except LmforgeError as exc:
+        return f"compile cache: unknown ({exc.message})"

@@ -96,6 +96,14 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--force", is_flag=True, help="Deploy even when the plan says it does not fit.")
 @click.option("--replace", is_flag=True, help="Delete a Failed endpoint of that name first.")
 @click.option("--no-wait", is_flag=True, help="Return once SageMaker has accepted the request.")
+@click.option(
+    "--compile",
+    "compile_first",
+    is_flag=True,
+    help="vLLM: compile the folder (lmforge compile) before packing when this machine matches the "
+    "instance type (same CPU instruction set, or the same GPU) and the image's versions; otherwise say "
+    "why and deploy it uncompiled.",
+)
 def deploy_command(
     model_dir: Path,
     endpoint_name: str,
@@ -120,8 +128,12 @@ def deploy_command(
     force: bool,
     replace: bool,
     no_wait: bool,
+    compile_first: bool,
 ) -> None:
-    """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it."""
+    """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it.
+
+    A compiled artifact in the folder (lmforge-compiled/, from lmforge compile or --compile) is packed
+    with it; the container checks it against its own machine at every start."""
     from lmforge.aws.names import name_problem
     from lmforge.config import ConfigError, load_config
     from lmforge.deploy import autoscaling
@@ -148,6 +160,8 @@ def deploy_command(
     _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
 
     image_uri = _image(image, resolved.config, instance_type, region, build_image, engine, model_dir)
+    if compile_first:
+        _compile_before_packing(model_dir, instance_type, image_uri, environment)
     plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
     health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
     download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
@@ -193,6 +207,68 @@ def deploy_command(
     except Exception as exc:
         raise aws_error(exc) from None
     _report(result, no_wait)
+
+
+def _compile_before_packing(
+    model_dir: Path, instance_type: str, image_uri: str, environment: dict[str, str]
+) -> None:
+    """``--compile``: compile MODEL_DIR in place for vLLM when an artifact compiled here can be a hit on
+    the endpoint (:func:`lmforge.deploy.compile_match.compile_here_problem`), with the configuration
+    the container will read (serving.properties and the ``--env`` variables); else say why not."""
+    from lmforge import __version__
+    from lmforge.config import ConfigError, load_config
+    from lmforge.container.refs import lmforge_flavour_of
+    from lmforge.deploy.compile_match import compile_here_problem
+    from lmforge.engines.registry import BackendUnavailableError, select_backend
+    from lmforge.engines.vllm.compile_manifest import current_target
+    from lmforge.errors import LmforgeError
+
+    skip = "      --compile: not compiling ({}); the endpoint compiles at its first start"
+    try:
+        resolved = load_config(model_dir, env=environment)
+        backend = select_backend(resolved.config.rolling_batch).name
+    except (ConfigError, BackendUnavailableError) as exc:
+        _echo(skip.format(f"no vLLM here to compile with: {exc}"))
+        return
+    if backend != "vllm":
+        _echo(
+            skip.format(f"option.rolling_batch={resolved.config.rolling_batch} is served by {backend} here")
+        )
+        return
+    pins: list[str] = []
+    python = None
+    flavour = lmforge_flavour_of(image_uri)
+    if flavour is not None:
+        from lmforge.container.flavours import FlavourError, load_flavour
+
+        try:
+            loaded = load_flavour(flavour)
+            pins, python = list(loaded.pins), loaded.python
+        except FlavourError:
+            pass
+    problem = compile_here_problem(instance_type, current_target(), image_pins=pins, image_python=python)
+    if problem is not None:
+        _echo(skip.format(problem))
+        return
+    from lmforge.engines.vllm import compile_run
+
+    try:
+        decision = compile_run.decide_here(resolved.config, resolved.extra_options)
+        if decision.status == "hit":
+            _echo(
+                f"      --compile: {model_dir} is compiled for this configuration already ({decision.line()})"
+            )
+            return
+        _echo(f"      --compile: compiling {model_dir} for {instance_type} (was: {decision.line()})")
+        compile_run.compile_folder(
+            resolved.config,
+            resolved.extra_options,
+            model_dir,
+            progress=_echo,
+            created_by=f"lmforge {__version__}",
+        )
+    except LmforgeError as exc:
+        raise click.ClickException(f"--compile: {exc.message}") from None
 
 
 def _autoscale(text: str | None, target: float, instance_count: int, no_wait: bool) -> Any:

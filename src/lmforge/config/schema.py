@@ -36,6 +36,7 @@ ReasoningParser = Literal["deepseek_r1", "qwen3"]
 BUILTIN_TOOL_PARSERS = ("hermes", "llama3_json")
 #: the LMI ``engine`` key: how DJL Serving runs the worker (not an lmforge engine, see lmforge.engines)
 WorkerMode = Literal["Python", "MPI"]
+CompileCacheMode = Literal["auto", "required", "off"]
 
 #: Accepted spellings (lower-cased) -> canonical value, per field. Shown in error messages.
 ALIASES: dict[str, dict[str, str]] = {
@@ -278,6 +279,13 @@ class ServingConfig(BaseModel):
         description="disable CUDA graphs (vLLM); no effect on CPU",
         json_schema_extra=_key("option.enforce_eager"),
     )
+    compile_cache: CompileCacheMode = Field(
+        default="auto",
+        description="the model folder's compiled artifact (lmforge compile, vLLM): auto = use it when it "
+        "matches this machine and configuration, else compile just in time; required = refuse to start "
+        "unless it matches; off = ignore it",
+        json_schema_extra=_key("option.compile_cache"),
+    )
     gpu_memory_utilization: Fraction = Field(
         default=0.9,
         description="share of GPU memory a GPU backend may use",
@@ -325,7 +333,13 @@ class ServingConfig(BaseModel):
     )
 
     @field_validator(
-        "dtype", "rolling_batch", "output_formatter", "tool_call_parser", "reasoning_parser", mode="before"
+        "dtype",
+        "rolling_batch",
+        "output_formatter",
+        "tool_call_parser",
+        "reasoning_parser",
+        "compile_cache",
+        mode="before",
     )
     @classmethod
     def _lower_and_alias(cls, value: Any, info: ValidationInfo) -> Any:

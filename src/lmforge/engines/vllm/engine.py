@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
     from lmforge.engines.protocol import CallSyntax
+    from lmforge.engines.vllm.compile_cache import CompileCache
 
 log = logging.getLogger("lmforge.engines.vllm")
 
@@ -93,6 +94,10 @@ _FIELD = {
 
 class VllmEngine(EngineBase):
     name = "vllm"
+    #: ``lmforge compile``: compile into this empty folder (see :mod:`.compile_cache`)
+    compile_capture: Path | None = None
+    #: this start's use of the model folder's compiled artifact (hit, miss or none)
+    compile_cache: CompileCache | None = None
 
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
         super().__init__(config, extra_options)
@@ -124,10 +129,22 @@ class VllmEngine(EngineBase):
                 log.info("vLLM on CPU: %s", note)
         if self.config.enable_lora:
             _allow_lora_fix()
+        from lmforge.engines.vllm.compile_cache import prepare
+        from lmforge.engines.vllm.process_start import fork_engine_core
+
+        self.compile_cache = await asyncio.to_thread(prepare, self.config, kwargs, self.compile_capture)
+        fork_engine_core()
         started = time.monotonic()
-        self._llm = await asyncio.to_thread(self._create, kwargs)
+        # lmforge's tokenizer loads while vLLM's processes start (this thread mostly waits on them)
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(self._load_tokenizer, kwargs))
+        try:
+            self._llm = await asyncio.to_thread(self._create, kwargs)
+        except BaseException:
+            tokenizer.cancel()
+            raise
+        self.compile_cache.after_start()
         self.max_model_len = int(self._llm.model_config.max_model_len)
-        self._tokenizer = await asyncio.to_thread(self._load_tokenizer, kwargs)
+        self._tokenizer = await tokenizer
         self._eos_ids = self._find_eos_ids()
         self.load_seconds = time.monotonic() - started
         log.info("vLLM engine ready in %.1f s (max_model_len %d)", self.load_seconds, self.max_model_len)
@@ -186,7 +203,16 @@ class VllmEngine(EngineBase):
         llm, self._llm = self._llm, None
         if llm is not None:
             # a short timeout: the drain already used most of SageMaker's 30 s before SIGKILL
-            await asyncio.to_thread(llm.shutdown, 3.0)
+            import psutil
+
+            try:
+                await asyncio.to_thread(llm.shutdown, 3.0)
+            except psutil.NoSuchProcess as exc:
+                # vLLM 0.32 force-kills a process tree that is still exiting after the timeout and asks
+                # each child its name first: one that exits in between raises this (it is gone)
+                log.info("vLLM's processes exited while it was force-stopping them (%s)", exc)
+        if self.compile_cache is not None:
+            self.compile_cache.cleanup()
 
     # ------------------------------------------------------------------ health and stats
 
@@ -197,9 +223,11 @@ class VllmEngine(EngineBase):
             raise EngineDeadError("the vLLM engine is dead (its engine-core process stopped)")
 
     def stats(self) -> EngineStats:
+        compiled = self.compile_cache.metrics() if self.compile_cache is not None else None
         if self._llm is None or self._llm.errored:
-            return self._stats(0, healthy=False)
-        return self._stats(int(self._llm.output_processor.get_num_unfinished_requests()), healthy=True)
+            return self._stats(0, healthy=False, extra=compiled)
+        running = int(self._llm.output_processor.get_num_unfinished_requests())
+        return self._stats(running, healthy=True, extra=compiled)
 
     # ------------------------------------------------------------------ LoRA adapters
 

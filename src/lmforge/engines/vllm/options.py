@@ -125,7 +125,9 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
 
     Raises :class:`VllmOptionError` listing every option vLLM would refuse.
     """
-    actions = _actions()
+    # vLLM's argument parser only types the passed-through options; building it is ~1 CPU-s at every
+    # start (vLLM reads its config classes' docstrings for the help texts), for nothing without any
+    actions = _actions() if any(name not in _OWN_OPTIONS for name in extra_options) else {}
     model = config.model_path or config.model_id
     if model is None:
         raise VllmOptionError("no model: set option.model_id or put the weights in the model folder")
@@ -222,5 +224,21 @@ def mapping_markdown() -> str:
         "step's message comes sooner and nothing changes; between requests the worker no longer holds its",
         "core (46 requests of 8 tokens, 0.3 s apart, tiny model: 1.6 CPU-s of the worker against 15.2).",
         f"`{idle_wait.ENV}` sets another limit in milliseconds (`1000` is vLLM's own).",
+        "",
+        "### Compiled artifact (`lmforge compile`, `option.compile_cache`)",
+        "",
+        "`lmforge compile DIR` starts vLLM once with DIR's serving configuration and keeps what it compiled",
+        "(torch.compile's AOT graph with its Inductor kernels, and vLLM's inspection of the model class) in",
+        "`DIR/lmforge-compiled/vllm/`, with a `manifest.json`: the engine arguments that shape the graph",
+        "(`dtype`, `max_model_len`, `max_num_seqs`, `tensor_parallel_size`, quantization, LoRA, compilation",
+        "settings, ...), the `VLLM_*` variables in vLLM's cache key, the model's `config.json` digest, and",
+        "the vLLM, torch and Python versions, the CPU's instruction-set extensions or the GPU and CUDA.",
+        "Every vLLM start compares it with its own configuration and machine and logs one line:",
+        "`compile cache: hit`, `compile cache: miss (<field>: <compiled> != <now>, ...)` or",
+        "`compile cache: none`. On a hit vLLM loads the graph from a writable copy (the model folder may be",
+        "read-only; `VLLM_CACHE_ROOT` and `TORCHINDUCTOR_CACHE_DIR` are pointed there for vLLM's",
+        "processes); on a miss it compiles just in time, in its own cache. `option.compile_cache=required`",
+        "refuses to start on anything but a hit, `off` ignores the artifact. `lmforge config show` prints",
+        "the same line, `/metrics` has `lmforge_engine_compile_cache_hit|miss|none|recompiled`.",
     ]
     return "\n".join(lines)
