@@ -94,7 +94,8 @@ def cpu_image(engine: Any, request: pytest.FixtureRequest) -> Iterator[BuiltImag
 class ImageRun:
     """``podman|docker run IMAGE serve`` as SageMaker starts it: the model read-only at
     /opt/ml/model, port 8080 published on loopback (or the host's network with
-    SAGEMAKER_BIND_TO_PORT), one torch thread."""
+    SAGEMAKER_BIND_TO_PORT, always on a Docker daemon without a bridge network: CI's), one torch
+    thread."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class ImageRun:
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = f"lmforge-test-{uuid.uuid4().hex[:10]}"
         self.env = {**TEST_ENV, **(env or {})}
-        self.host_network = host_network
+        self.host_network = host_network or not self.engine.publishes_ports()
         self.exit_code: int | None = None
         self.saved_logs = ""
 

@@ -41,6 +41,23 @@ def test_the_build_was_cold_and_the_image_is_small_enough(cpu_image: BuiltImage)
     assert labels["dev.lmforge.flavour"] == "cpu"
 
 
+def test_the_engine_asked_for_built_the_image(cpu_image: BuiltImage) -> None:
+    """``LMFORGE_CONTAINER_ENGINE`` (``make test-docker``: docker) is the engine that built the image and
+    runs every container here, and its daemon holds the image."""
+    from lmforge.container.engine import ENV_ENGINE
+
+    asked = os.environ.get(ENV_ENGINE) or cpu_image.engine.kind
+    assert (cpu_image.engine.kind, cpu_image.result.engine) == (asked, asked)
+    assert os.path.basename(cpu_image.engine.binary) == asked
+    info = json.loads(cpu_image.engine.run_cli(["info", "--format", "{{json .}}"], what="info").stdout)
+    if asked == "docker":  # a daemon answered, and it has the image
+        assert info["ServerVersion"] and info["Driver"], info
+        assert cpu_image.engine.builder in ("buildx", "buildkit")
+    else:
+        assert info["host"]["ociRuntime"]["name"], info
+    assert cpu_image.engine.inspect_image(cpu_image.tag)["Id"]
+
+
 def test_no_build_secret_is_left_in_any_layer(cpu_image: BuiltImage) -> None:
     if cpu_image.reused:
         pytest.skip("LMFORGE_IMAGE_TESTS_REUSE: not built by this session, its secret marker is unknown")

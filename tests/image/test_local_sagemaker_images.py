@@ -82,7 +82,8 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
     assert "matches the stream: True" in proc.stderr
     try:
         status = lmforge("local", "status", env=local).stdout
-        assert "mode: images" in status and f"{name}/AllTraffic: image mode, image {pushed}" in status
+        assert f"mode: images ({cpu_image.engine.kind})" in status, status
+        assert f"{name}/AllTraffic: image mode, image {pushed}" in status
         running = cpu_image.engine.containers("dev.lmforge.local")
         assert running, "the endpoint's instance is a container"
         labels = cpu_image.engine.run_cli(

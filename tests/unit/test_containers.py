@@ -159,16 +159,25 @@ def test_image_names_and_flavour_choice() -> None:
     assert flavour_for("vllm", "ml.not-a-type") == "vllm"
 
 
-def _fake_engine(tmp_path: Path, name: str, info_ok: bool, buildx: bool = False) -> Path:
-    """A podman/docker client stand-in (named as such): logs argv and stdin; `info` fails without an
-    engine; `buildx version` answers only when ``buildx``."""
-    log = tmp_path / f"{name}.log"
-    script = tmp_path / "bin" / name
+def _fake_engine(
+    tmp_path: Path,
+    name: str,
+    info_ok: bool,
+    buildx: bool = False,
+    version: str = "28.2.2",
+    folder: str = "bin",
+) -> Path:
+    """A podman/docker client stand-in (named as such) in ``tmp_path/folder``: logs argv and stdin;
+    `info` fails without an engine; `buildx version` answers only when ``buildx``; `--version` says
+    ``version`` as docker does."""
+    log = tmp_path / f"{name}-{folder}.log"
+    script = tmp_path / folder / name
     script.parent.mkdir(exist_ok=True)
     info = 'echo "{}"' if info_ok else 'echo "Cannot connect to the engine" >&2; exit 1'
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = info ]; then {info}; exit 0; fi\n'
+        f'if [ "$1" = --version ]; then echo "Docker version {version}, build 0000000"; exit 0; fi\n'
         f'if [ "$1" = buildx ]; then exit {0 if buildx else 1}; fi\n'
         f'echo "ARGV $*" >> {shlex.quote(str(log))}\n'
         f'if [ "$1" = login ]; then echo "STDIN $(cat)" >> {shlex.quote(str(log))}; fi\n'
@@ -191,7 +200,7 @@ def test_engine_detection_prefers_podman_and_says_what_is_missing(
     assert engines.detect().kind == "podman"
     _fake_engine(tmp_path, "docker", info_ok=True, buildx=True)
     found = engines.detect("docker")
-    assert (found.kind, found.buildx) == ("docker", True)
+    assert (found.kind, found.builder) == ("docker", "buildx")
     monkeypatch.setenv(engines.ENV_ENGINE, "docker")
     assert engines.detect().kind == "docker"
     with pytest.raises(engines.EngineError, match="unknown container engine"):
@@ -212,9 +221,9 @@ def test_build_commands_for_each_engine(tmp_path: Path) -> None:
     assert podman[:3] == ["build", "--format", "docker"] and env == {}  # OCI format drops HEALTHCHECK
     assert f"id=pipconf,src={secret.path}" in podman and podman[-1] == str(tmp_path)
     assert podman[podman.index("--network") : podman.index("--network") + 2] == ["--network", "host"]
-    buildx, _ = engines.ContainerEngine("docker", "/x/docker", buildx=True).build_command(req)
+    buildx, _ = engines.ContainerEngine("docker", "/x/docker", "buildx").build_command(req)
     assert buildx[:3] == ["buildx", "build", "--load"] and "network.host" in buildx
-    classic, env = engines.ContainerEngine("docker", "/x/docker").build_command(req)
+    classic, env = engines.ContainerEngine("docker", "/x/docker", "buildkit").build_command(req)
     assert classic[0] == "build" and env == {"DOCKER_BUILDKIT": "1"}  # RUN --mount needs BuildKit
     assert "--build-arg" in classic and "BASE_IMAGE=localhost/base:1" in classic
 

@@ -88,6 +88,24 @@ def test_images_come_from_the_local_ecr_the_store_or_a_pull(tmp_path: Path) -> N
         runner.plan("registry.example.com/missing:1")
 
 
+def test_an_image_without_the_port_label_needs_a_daemon_that_publishes_ports(tmp_path: Path) -> None:
+    """dockerd --bridge=none (as CI runs it): lmforge's images share the host's network; an image that
+    listens on 8080 would be published nowhere, so its endpoint fails with the reason."""
+
+    class NoBridgeDocker(FakeEngine):
+        def publishes_ports(self) -> bool:
+            return False
+
+    bind = {"com.amazonaws.sagemaker.capabilities.accept-bind-to-port": "true"}
+    engine = NoBridgeDocker({"my/own:1": {}, "lmforge/cpu:1": bind})
+    object.__setattr__(engine, "kind", "docker")
+    runner = InstanceRunner("image", engine, state_dir=tmp_path, account="1")
+    assert runner.plan("lmforge/cpu:1").host_network
+    with pytest.raises(ImageUnavailable, match="no bridge network") as err:
+        runner.plan("my/own:1")
+    assert "accept-bind-to-port=true label" in str(err.value) and "docker daemon" in str(err.value)
+
+
 def test_an_image_container_is_started_as_sagemaker_starts_one(tmp_path: Path) -> None:
     engine = FakeEngine({})
     runner = InstanceRunner("image", engine, state_dir=tmp_path, account="1")

@@ -106,10 +106,14 @@ def build_flavour(
     """Build flavour ``name`` with ``engine``; BuildError says why not."""
     base_root = root or repo_root()
     flavour = check_buildable(name, allow_no_gpu=allow_no_gpu, root=base_root)
+    try:
+        engine.check_can_build()
+    except EngineError as exc:
+        raise BuildError(str(exc)) from None
     image = tag or image_name(name)
     base, why = resolve_base(engine, flavour, base_image)
     settings = read_pip_settings()
-    echo(f"engine: {engine.kind} ({engine.binary})")
+    echo(f"engine: {engine.describe()}")
     echo(f"base image: {base} ({why})")
     echo(f"pip in the build: {describe(settings)}")
     started = time.monotonic()

@@ -4,10 +4,13 @@
 answers (daemonless, so it works wherever its binary does), else docker when its daemon answers.
 Everything goes through the engine's command line; nothing here imports a client library.
 
-Both speak the same build language: multi-stage Dockerfiles with ``RUN --mount`` (secrets, bind
-mounts from a stage). docker needs BuildKit for that: ``docker buildx build`` when the buildx plugin
-is there, else ``docker build`` with ``DOCKER_BUILDKIT=1`` (the daemon's own BuildKit). podman
-builds with ``--format docker`` because the OCI image format has no HEALTHCHECK.
+Both speak the same build language: multi-stage Dockerfiles with ``RUN --mount=type=secret``.
+docker needs BuildKit for that: ``docker buildx build`` when the buildx plugin is there, else
+``docker build`` with ``DOCKER_BUILDKIT=1`` on a CLI older than 23.0, whose ``build`` drives the
+daemon's own BuildKit (Debian bookworm's docker.io 20.10). A newer CLI without buildx has no way to
+BuildKit at all, so of the docker CLIs on ``PATH`` the first that can build is used; when none can,
+the engine still runs, pulls and pushes, and a build stops with what to install. podman builds with
+``--format docker`` because the OCI image format has no HEALTHCHECK.
 
 Containers started here get explicit ``--ulimit nofile``/``nproc`` values at or under this process's
 hard limits: both engines otherwise raise them, which fails where the engine lacks
@@ -16,6 +19,7 @@ CAP_SYS_RESOURCE (rootless, or a sandbox).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -26,6 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from lmforge.container import dockercli
+from lmforge.container.dockercli import Builder
 
 Echo = Callable[[str], None]
 EngineKind = Literal["podman", "docker"]
@@ -71,17 +78,46 @@ class BuildRequest:
 class ContainerEngine:
     kind: EngineKind
     binary: str
-    buildx: bool = False
-    """docker only: the buildx plugin is installed."""
+    builder: Builder = "podman"
     global_args: tuple[str, ...] = ()
     """Put before every command (podman's ``--root``/``--runroot`` for a separate image store)."""
+    client_version: str = ""
+    """docker only: the CLI's version (``docker --version``)."""
+    passed_over: tuple[str, ...] = ()
+    """docker only: CLIs earlier on PATH that could not build (``path (version)``), to say why not."""
 
     def with_store(self, root: Path) -> ContainerEngine:
         """The same podman with its own image store under ``root`` (empty: no cached layers)."""
         if self.kind != "podman":
             raise EngineError("a separate image store needs podman")
         args = ("--root", str(root / "storage"), "--runroot", str(root / "run"))
-        return ContainerEngine(self.kind, self.binary, self.buildx, args)
+        return dataclasses.replace(self, global_args=args)
+
+    def describe(self) -> str:
+        """``kind (binary ...)``: which CLI runs, and for docker, how it builds."""
+        if self.kind == "podman":
+            return f"podman ({self.binary})"
+        how = {
+            "buildx": "builds with buildx",
+            "buildkit": "builds with the daemon's BuildKit (DOCKER_BUILDKIT=1)",
+            "none": "cannot build: no buildx",
+        }[self.builder]
+        over = f"; passed over {', '.join(self.passed_over)}: no buildx" if self.passed_over else ""
+        return f"docker ({self.binary} {self.client_version or '?'}, {how}{over})"
+
+    def check_can_build(self) -> None:
+        """EngineError saying what to install when this engine cannot build lmforge's Dockerfiles."""
+        if self.builder != "none":
+            return
+        raise EngineError(
+            f"the docker CLI {self.binary} ({self.client_version or 'unknown version'}) builds with BuildKit "
+            "only through the buildx plugin, which is not installed (`docker buildx version` fails), and "
+            "lmforge's Dockerfiles need BuildKit (RUN --mount=type=secret). Install buildx (Docker's apt "
+            "repository: docker-buildx-plugin; or the docker-buildx binary of "
+            "https://github.com/docker/buildx/releases as ~/.docker/cli-plugins/docker-buildx), or put a "
+            "docker CLI older than 23.0 first on PATH, whose `docker build` has BuildKit built in (Debian "
+            "bookworm's docker.io 20.10: /usr/bin/docker), or build with podman (--engine podman)"
+        )
 
     # ----- commands
     def _run(
@@ -134,7 +170,7 @@ class ContainerEngine:
             # build two at a time, as BuildKit does by default: 77 s against 94-96 s for a cold cpu build
             # here (3 at a time: 82 s)
             args = ["build", "--format", "docker", "--pull=missing", "--jobs", str(PODMAN_BUILD_JOBS)]
-        elif self.buildx:
+        elif self.builder == "buildx":
             args = ["buildx", "build", "--load"]
         else:
             args = ["build"]
@@ -148,7 +184,7 @@ class ContainerEngine:
             args += ["--secret", f"id={secret.id},src={secret.path}"]
         if req.network_host:
             args += ["--network", "host"]
-            if self.kind == "docker" and self.buildx:
+            if self.builder == "buildx":
                 args += ["--allow", "network.host"]
         if req.no_cache:
             args.append("--no-cache")
@@ -158,6 +194,7 @@ class ContainerEngine:
         return args, env
 
     def build(self, req: BuildRequest, echo: Echo) -> None:
+        self.check_can_build()
         args, env = self.build_command(req)
         # the build's own output goes straight to the terminal (stderr): it is the progress
         self._run(args, echo=echo, env=env, capture=False, what=f"building {req.tag}")
@@ -236,6 +273,15 @@ class ContainerEngine:
         """``run`` with ulimits this process may grant."""
         return ["run", *ulimit_args()]
 
+    def publishes_ports(self) -> bool:
+        """Whether ``run --publish`` reaches the container: podman's network always does; a Docker
+        daemon started with ``--bridge=none`` (no private-range network, as lmforge's CI runs it) has
+        no ``bridge`` network, and its containers' published ports go nowhere, silently."""
+        if self.kind == "podman":
+            return True
+        found = self._run(["network", "inspect", "--format", "{{.Name}}", "bridge"], timeout=30)
+        return found.returncode == 0
+
     def stop(self, name: str, timeout_s: int) -> None:
         self._run(["stop", "--time", str(timeout_s), name], timeout=timeout_s + 30)
 
@@ -286,12 +332,20 @@ def _answers(binary: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _has_buildx(binary: str) -> bool:
-    try:
-        proc = subprocess.run([binary, "buildx", "version"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
+def _docker(problems: list[str]) -> ContainerEngine | None:
+    """docker through the first CLI on PATH that can build, else the first CLI (it runs, pulls and
+    pushes; a build then says what to install); None (and why in ``problems``) when none answers."""
+    paths = dockercli.on_path()
+    if not paths:
+        problems.append("docker: not installed")
+        return None
+    cli, passed = dockercli.choose([dockercli.probe(path) for path in paths])
+    ok, why = _answers(cli.path)
+    if not ok:
+        hint = " (is the Docker daemon running?)" if "running" not in why else ""
+        problems.append(f"docker: {why}{hint}")
+        return None
+    return ContainerEngine("docker", cli.path, cli.builder, (), cli.version, tuple(c.label() for c in passed))
 
 
 def detect(preferred: str | None = None) -> ContainerEngine:
@@ -300,18 +354,22 @@ def detect(preferred: str | None = None) -> ContainerEngine:
     if choice not in ("auto", *ENGINES):
         raise EngineError(f"unknown container engine {choice!r}; choose auto, podman or docker")
     candidates: tuple[EngineKind, ...] = ENGINES if choice == "auto" else (choice,)  # type: ignore[assignment]
-    problems = []
+    problems: list[str] = []
     for kind in candidates:
+        if kind == "docker":
+            found = _docker(problems)
+            if found is not None:
+                return found
+            continue
         binary = shutil.which(kind)
         if binary is None:
             problems.append(f"{kind}: not installed")
             continue
         ok, why = _answers(binary)
         if not ok:
-            hint = " (is the Docker daemon running?)" if kind == "docker" and "running" not in why else ""
-            problems.append(f"{kind}: {why}{hint}")
+            problems.append(f"{kind}: {why}")
             continue
-        return ContainerEngine(kind, binary, buildx=kind == "docker" and _has_buildx(binary))
+        return ContainerEngine(kind, binary)
     raise EngineError("no container engine answers (" + "; ".join(problems) + "): " + INSTALL_HINT)
 
 

@@ -104,6 +104,14 @@ class InstanceRunner:
         ref = self._obtain(self.engine, image_uri, timeout_s)
         labels = self._labels(self.engine, ref)
         host_network = str(labels.get(BIND_TO_PORT_LABEL, "")).lower() == "true"
+        if not host_network and not self.engine.publishes_ports():
+            raise ImageUnavailable(
+                f"{image_uri} has no {BIND_TO_PORT_LABEL}=true label, so it listens on port 8080 and "
+                f"must run behind a published port, and this {self.engine.kind} daemon has no bridge "
+                "network to publish one through (dockerd --bridge=none). Start dockerd with its default "
+                "bridge, use podman, or deploy an image that accepts SAGEMAKER_BIND_TO_PORT (lmforge's "
+                "images do)."
+            )
         return RunPlan("image", image_uri, ref, host_network)
 
     def _obtain(self, engine: ContainerEngine, image_uri: str, timeout_s: float) -> str:
