@@ -9,7 +9,7 @@ VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda ||
 EXTRAS  ?= server,lmi-dist,models,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-fast test-unit test-integration test-vllm test-image lint fmt demo demo-image host-setup bench bench-real bench-images clean
+.PHONY: install test test-fast test-unit test-integration test-vllm test-image test-docker lint fmt demo demo-image host-setup bench bench-real bench-images clean
 
 # setup.py builds LMI-Dist's C library (src/lmforge/engines/lmi_dist/lora_kernel.c) into src/ with a C
 # compiler when there is one
@@ -54,6 +54,16 @@ test-vllm: install
 
 test-image: install host-setup
 	$(BIN)/python -m pytest -q -m image
+
+# the image tests once more with Docker (`make test` runs them with podman where podman is installed):
+# the cold cpu build, the container contract inside the image, the push to the local ECR, SDK v2 and
+# v3 deploys streaming from the container, the failing-image and memory-limit cases. It needs a Docker
+# daemon that answers ($$DOCKER_HOST; `containers/dockerd.sh start` starts one as CI does) and fails,
+# never skips, without one. The two test modules run side by side once the image is built.
+test-docker: install sdk3
+	$(BIN)/python -m compileall -q src
+	LMFORGE_CONTAINER_ENGINE=docker LMFORGE_REQUIRE_IMAGE_TESTS=1 \
+		$(BIN)/python -m pytest -q -m image -n 2 --dist loadscope
 
 # podman (or docker), mmdebstrap and a registry server: apt as root on Debian/Ubuntu, else a hint
 host-setup:

@@ -25,6 +25,6 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 echo "host-setup: missing ${need[*]}." >&2
-echo "  Install podman (or Docker with buildx), mmdebstrap and a registry server (Debian/Ubuntu:" >&2
+echo "  Install podman (or Docker with buildx, or Debian's docker.io), mmdebstrap and a registry server (Debian/Ubuntu:" >&2
 echo "  sudo apt-get install podman buildah runc mmdebstrap docker-registry), then run this again." >&2
 exit 1

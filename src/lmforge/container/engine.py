@@ -43,7 +43,8 @@ PODMAN_BUILD_JOBS = 2
 _INFO_TIMEOUT_S = 20.0
 
 INSTALL_HINT = (
-    "install podman (Debian/Ubuntu: apt-get install podman buildah runc) or Docker with buildx, "
+    "install podman (Debian/Ubuntu: apt-get install podman buildah runc) or Docker with BuildKit (buildx, "
+    "or Debian bookworm's docker.io, whose 20.10 CLI has it), "
     "or set LMFORGE_CONTAINER_ENGINE to the one you have"
 )
 
