@@ -92,6 +92,26 @@ def test_the_docker_cli_that_can_build_is_the_one_used(
     )
 
 
+def test_a_docker_cli_that_exits_0_without_a_daemon_does_not_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docker 20.10's `info --format '{{json .}}'` exits 0 with no daemon, and names the error inside."""
+    script = tmp_path / "docker"
+    answer = '{"ServerErrors":["Cannot connect to the Docker daemon at unix:///x.sock. Is it running?"]}'
+    script.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = --version ] && echo "Docker version 20.10.24+dfsg1, build 297e128" && exit 0\n'
+        f"[ \"$1\" = info ] && echo '{answer}' && exit 0\n"
+        "exit 1\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(
+        engines.EngineError, match=r"docker: Cannot connect to the Docker daemon at unix:///x\.sock"
+    ):
+        engines.detect("docker")
+
+
 def test_a_docker_cli_that_cannot_build_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -330,6 +330,14 @@ def _answers(binary: str) -> tuple[bool, str]:
         return False, str(exc)
     if proc.returncode != 0 or not proc.stdout.strip():
         return False, (proc.stderr.strip().splitlines() or ["no answer"])[-1]
+    # a docker CLI before 23.0 exits 0 with no daemon, and says so in the JSON
+    try:
+        info = json.loads(proc.stdout)
+    except ValueError:
+        return True, ""
+    errors = info.get("ServerErrors") if isinstance(info, dict) else None
+    if errors:
+        return False, str(errors[-1])
     return True, ""
 
 
