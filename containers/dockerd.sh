@@ -42,12 +42,19 @@ case "${1:-}" in
     ;;
   stop)
     pid=$(cat "$dir/dockerd.pid" 2>/dev/null || true)
-    if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then exit 0; fi
-    kill -TERM "$pid"
-    # dockerd gives its containers 15 s to stop, then kills them, then exits
-    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.5; done
-    echo "dockerd.sh: dockerd ($pid) still runs 60 s after SIGTERM: killing it" >&2
-    kill -KILL "$pid" 2>/dev/null || true
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      # dockerd gives its containers 15 s to stop, then kills them, then exits
+      for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "dockerd.sh: dockerd ($pid) still runs 60 s after SIGTERM: killing it" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+        sleep 1
+      fi
+    fi
+    # dockerd leaves its network namespace mounted under its state folder: unmount what is left there
+    awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts 2>/dev/null | sort -r |
+      while read -r mount; do umount "$mount" 2>/dev/null || true; done
     ;;
   *)
     echo "usage: $0 start|stop" >&2
