@@ -287,7 +287,7 @@ def test_tp_above_gpu_count_is_a_problem(tmp_path: Path) -> None:
 
 def test_cpu_instance(tmp_path: Path) -> None:
     folder = _model(tmp_path, TINY)
-    gpu_backend = make_plan(folder, _cfg(folder, rolling_batch="vllm"), "ml.m5.xlarge")
+    gpu_backend = make_plan(folder, _cfg(folder, rolling_batch="trtllm"), "ml.m5.xlarge")
     assert not gpu_backend.fits
     assert any("needs an NVIDIA GPU" in p for p in gpu_backend.problems)
     host = make_plan(folder, _cfg(folder, rolling_batch="lmi-dist"), "ml.m5.xlarge")
@@ -415,3 +415,21 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     missing = runner.invoke(plan_command, [str(no_config), "--instance-type", "ml.g5.2xlarge"])
     assert missing.exit_code == 2
     assert "--model-config" in missing.output
+
+
+def test_vllm_on_a_cpu_instance_is_planned_with_its_compile(tmp_path: Path) -> None:
+    """vLLM runs on CPU instances (the vllm-cpu image): it fits, and the start it is given to become
+    healthy depends on whether the folder carries lmforge compile's artifact."""
+    from lmforge.deploy.plan.timing import VLLM_CPU_COMPILED_START_S, VLLM_CPU_START_S
+    from lmforge.engines.vllm.compile_cache import compiled_folder
+
+    folder = _model(tmp_path, TINY)
+    plain = make_plan(folder, _cfg(folder, rolling_batch="vllm"), "ml.m6i.xlarge")
+    assert plain.fits, plain.problems
+    assert any("torch.compile" in w and "lmforge compile" in w for w in plain.warnings), plain.warnings
+    compiled_folder(folder).mkdir(parents=True)
+    (compiled_folder(folder) / "manifest.json").write_text("{}")
+    compiled = make_plan(folder, _cfg(folder, rolling_batch="vllm"), "ml.m6i.xlarge")
+    assert not any("torch.compile" in w for w in compiled.warnings)
+    assert compiled.health_check_timeout_s < plain.health_check_timeout_s
+    assert VLLM_CPU_COMPILED_START_S < VLLM_CPU_START_S

@@ -161,6 +161,7 @@ def make_plan(
         parameters=weights.parameters,
         config_json=config_json,
         notes=notes,
+        cpu_instance=instance.is_cpu,
     )
     return _assemble(
         model_dir,

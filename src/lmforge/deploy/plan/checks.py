@@ -4,11 +4,13 @@ instance and the model's heads and layers, the backend against the accelerator."
 from __future__ import annotations
 
 from lmforge.config.schema import ServingConfig
+from lmforge.deploy.images import CPU_FLAVOURS
 from lmforge.deploy.instances import FP8_GPUS, NO_BF16_GPUS, UNSUPPORTED_ACCELERATORS, InstanceType
 from lmforge.deploy.plan.model import Notes
 from lmforge.hf import ModelShape
 
-GPU_BACKENDS = frozenset({"vllm", "trtllm"})
+#: backends with no image for CPU instances (lmforge's images decide: lmforge.deploy.images)
+GPU_BACKENDS = frozenset({"vllm", "trtllm", "lmi-dist"}) - frozenset(CPU_FLAVOURS)
 
 
 def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:

@@ -23,6 +23,11 @@ LOAD_BYTES_PER_S = 500e6
 STARTUP_FIXED_S = 30.0
 ENGINE_START_S = {"lmi-dist": 30.0, "vllm": 90.0, "auto": 90.0, "trtllm": 60.0}
 VLLM_EAGER_START_S = 60.0
+#: vLLM on a CPU instance (the vllm-cpu image): torch.compile at every start unless the folder carries
+#: ``lmforge compile``'s artifact. Measured on SmolLM2-135M, 2 cores, empty caches: 87-118 s
+#: uncompiled, 27 s from the artifact (docs/vllm-compile.md); doubled for larger models and slower disks.
+VLLM_CPU_START_S = 240.0
+VLLM_CPU_COMPILED_START_S = 60.0
 #: TensorRT-LLM just-in-time engine build: a base cost plus a cost per billion parameters; anchored on
 #: LMI's note that a 70B model takes about 7 minutes or more (120 + 4 x 70 = 400 s).
 TRT_COMPILE_BASE_S = 120.0
@@ -69,6 +74,7 @@ def timings(
     parameters: int,
     config_json: dict[str, Any],
     notes: Notes,
+    cpu_instance: bool = False,
 ) -> Timings:
     """The start-up times and the timeouts suggested from them (TIMEOUT_MARGIN added, rounded up to
     minutes, within SageMaker's range)."""
@@ -79,6 +85,8 @@ def timings(
     start_s = ENGINE_START_S.get(rolling_batch, STARTUP_FIXED_S)
     if rolling_batch in ("vllm", "auto") and config.enforce_eager:
         start_s = VLLM_EAGER_START_S
+    elif rolling_batch == "vllm" and cpu_instance:
+        start_s = _vllm_cpu_start(config, notes)
     compile_s = 0.0
     if rolling_batch == "trtllm" and not is_compiled_trt(weights_folder, config_json):
         compile_s = TRT_COMPILE_BASE_S + TRT_COMPILE_S_PER_BILLION_PARAMS * parameters / 1e9
@@ -99,3 +107,18 @@ def timings(
         )
 
     return Timings(download_s, load_s, start_s, compile_s, health, round_timeout(download_s))
+
+
+def _vllm_cpu_start(config: ServingConfig, notes: Notes) -> float:
+    """vLLM's start on a CPU instance: from the folder's compiled artifact, or compiling at every start
+    of every instance (said, with how to avoid it)."""
+    from lmforge.engines.vllm.compile_cache import compiled_folder
+    from lmforge.engines.vllm.compile_manifest import MANIFEST_NAME
+
+    if config.model_dir is not None and (compiled_folder(config.model_dir) / MANIFEST_NAME).is_file():
+        return VLLM_CPU_COMPILED_START_S
+    notes.warnings.append(
+        "vLLM compiles the model (torch.compile) at every start of every instance, scale-out included: "
+        "`lmforge compile DIR` (or `lmforge deploy --compile`) ships it compiled"
+    )
+    return VLLM_CPU_START_S
