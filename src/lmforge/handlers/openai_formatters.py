@@ -29,7 +29,7 @@ from lmforge.handlers.logprobs import TokenText
 if TYPE_CHECKING:
     from lmforge.engines.protocol import Call
     from lmforge.handlers.reply_parsing import ReplyParser
-    from lmforge.handlers.tools import ToolCallMode
+    from lmforge.handlers.tool_calls import ToolCallMode
 
 #: lmforge's finish reasons -> OpenAI's; None: the request has no answer to finish (the engine ended
 #: it with an error or aborted it), see :func:`failure`

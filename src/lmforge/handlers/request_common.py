@@ -13,15 +13,13 @@ import re
 import reprlib
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
 from lmforge.engines.protocol import SamplingParams, StructuredOutput
 from lmforge.errors import BadRequestError
-
-if TYPE_CHECKING:
-    from lmforge.handlers.tools import ToolCallMode
+from lmforge.handlers.tool_calls import ToolCallMode
 
 MAX_STOP_SEQUENCES = 16
 MAX_TOP_N = 20

@@ -1,5 +1,5 @@
-"""OpenAI tool calling and structured output: request shapes, the grammar a request implies, and the
-tool calls read back from the generated text.
+"""OpenAI tool calling and structured output: request shapes and the grammar a request implies (the
+tool calls are read back from the generated text by :mod:`lmforge.handlers.tool_calls`).
 
 What lmforge serves (the same on every engine, since the constraint is a grammar the engine follows):
 
@@ -17,7 +17,6 @@ The chat template receives ``tools`` (templates that know tools render them for 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from lmforge.engines.protocol import StructuredOutput
 from lmforge.errors import BadRequestError
 from lmforge.handlers.request_common import STRICT
+from lmforge.handlers.tool_calls import ToolCallMode
 
 MAX_TOOLS = 128
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
@@ -177,33 +177,3 @@ def response_format_constraint(
     param = "response_format.json_schema.schema"
     schema = parse_json_schema(fmt.json_schema.schema_, param)
     return Constraint(StructuredOutput("json_schema", schema), param)
-
-
-class ToolCallMode:
-    """How a forced tool call is read from the text: ``named`` = the text is that function's
-    arguments; None = the text is a JSON array of ``{"name", "parameters"}``."""
-
-    def __init__(self, named: str | None) -> None:
-        self.named = named
-        self.call_id = f"call_{uuid.uuid4().hex[:24]}"
-
-    def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """OpenAI ``tool_calls`` from the complete text (None if it is not complete JSON: the reply
-        was cut short by max_tokens or a stop string)."""
-        if self.named is not None:
-            return [self._call(0, self.named, text)]
-        try:
-            items = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(items, list):
-            return None
-        return [
-            self._call(i, str(item.get("name")), json.dumps(item.get("parameters"), ensure_ascii=False))
-            for i, item in enumerate(items)
-            if isinstance(item, dict)
-        ]
-
-    def _call(self, index: int, name: str, arguments: str) -> dict[str, Any]:
-        call_id = self.call_id if index == 0 else f"{self.call_id}_{index}"
-        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
