@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from lmforge.cli.plan_cmd import plan_command
 from lmforge.config.schema import ServingConfig
 from lmforge.deploy.instances import INSTANCES, get_instance
-from lmforge.deploy.plan import GIB, PlanError, make_plan, read_safetensors_header
+from lmforge.deploy.plan import GIB, PlanError, make_plan, read_safetensors_header, render_plan
 
 # Llama-3-8B shapes. Parameters by hand:
 #   embeddings + lm_head (untied): 2 x 128256 x 4096               =  1,050,673,152
@@ -148,7 +148,7 @@ def test_llama_8b_does_not_fit_g5_2xlarge(tmp_path: Path) -> None:
     assert plan.max_rolling_batch_size_that_fits == 4
     # at batch 32: 4,718,662,042 / (32 x 131,072) = 1125 tokens
     assert plan.max_model_len_that_fits == 1125
-    text = plan.render()
+    text = render_plan(plan)
     assert "DOES NOT FIT" in text
     assert "max_rolling_batch_size=4" in text
     assert "max_model_len=1024" in text
@@ -170,7 +170,7 @@ def test_llama_8b_fits_g5_12xlarge_with_tp4(tmp_path: Path) -> None:
     assert plan.problems == []
     # (23,192,823,398 - 4,015,130,624 - 1,811,369,267) / (32,768 x 8192) = 64.7
     assert plan.max_rolling_batch_size_that_fits == 64
-    assert "FITS" in plan.render()
+    assert "FITS" in render_plan(plan)
 
 
 def test_tp_max_uses_every_gpu(tmp_path: Path) -> None:
@@ -295,7 +295,7 @@ def test_cpu_instance(tmp_path: Path) -> None:
     assert host.on_host_memory
     # 16 GiB x 0.85 of host memory
     assert host.available_per_gpu_bytes == int(16 * GIB * 0.85)
-    assert "host memory" in host.render()
+    assert "host memory" in render_plan(host)
 
 
 def test_inferentia_is_refused(tmp_path: Path) -> None:

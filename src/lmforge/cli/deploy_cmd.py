@@ -404,7 +404,7 @@ def _ensure_in_ecr(uri: str, flavour: str, region: str, build: bool, engine: str
 
 def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path | None, force: bool) -> Any:
     """The memory plan, echoed; exits 1 when it does not fit unless forced; None when it cannot be made."""
-    from lmforge.deploy.plan import PlanError, make_plan
+    from lmforge.deploy.plan import PlanError, make_plan, render_plan
 
     try:
         plan = make_plan(model_dir, config, instance_type, model_config_path=model_config)
@@ -419,7 +419,7 @@ def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path |
         _echo(f"[2/5] plan skipped: lmforge does not know the memory of {instance_type} (not in its table)")
         return None
     _echo("[2/5] plan")
-    for line in plan.render().splitlines():
+    for line in render_plan(plan).splitlines():
         _echo("      " + line)
     if not plan.fits:
         if not force:

@@ -24,7 +24,7 @@ import click
 def plan_command(model_dir: Path, instance_type: str, model_config: Path | None, as_json: bool) -> None:
     """Check that MODEL_DIR's configuration fits INSTANCE_TYPE's memory, and suggest start-up timeouts."""
     from lmforge.config import ConfigError, load_config
-    from lmforge.deploy.plan import PlanError, make_plan
+    from lmforge.deploy.plan import PlanError, make_plan, render_plan
 
     try:
         resolved = load_config(model_dir, env={})
@@ -43,7 +43,7 @@ def plan_command(model_dir: Path, instance_type: str, model_config: Path | None,
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
-        click.echo(plan.render())
+        click.echo(render_plan(plan))
         click.echo("")
     if plan.fits:
         hint = f"Next: lmforge deploy {model_dir} --endpoint-name NAME --instance-type {plan.instance_type}"

@@ -43,6 +43,7 @@ from lmforge.deploy.plan.memory import (
     size_weights,
 )
 from lmforge.deploy.plan.model import GIB, MIB, DeployPlan, Notes, PlanError
+from lmforge.deploy.plan.render import render_plan
 from lmforge.deploy.plan.search import suggest
 from lmforge.deploy.plan.timing import (
     DOWNLOAD_BYTES_PER_S,
@@ -84,6 +85,7 @@ __all__ = [
     "TensorInfo",
     "make_plan",
     "read_safetensors_header",
+    "render_plan",
     "weight_files",
 ]
 

@@ -1,26 +1,17 @@
-"""What the planner checks beyond memory: the compute dtype, the parallel degrees against the
-instance and the model's heads and layers, the backend against the accelerator."""
+"""What the planner checks beyond memory: the parallel degrees against the instance and the model's
+heads and layers, the backend against the accelerator."""
 
 from __future__ import annotations
 
 from lmforge.config.schema import ServingConfig
 from lmforge.deploy.images import CPU_FLAVOURS
 from lmforge.deploy.instances import FP8_GPUS, NO_BF16_GPUS, UNSUPPORTED_ACCELERATORS, InstanceType
+from lmforge.deploy.plan.memory import CPU_HOST_USABLE_FRACTION
 from lmforge.deploy.plan.model import Notes
 from lmforge.hf import ModelShape
 
 #: backends with no image for CPU instances (lmforge's images decide: lmforge.deploy.images)
 GPU_BACKENDS = frozenset({"vllm", "trtllm", "lmi-dist"}) - frozenset(CPU_FLAVOURS)
-
-
-def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:
-    if config.dtype != "auto":
-        return config.dtype
-    dtype = shape.checkpoint_dtype or "fp16"
-    # GPU backends (vLLM's rule) run fp32 checkpoints in fp16 under dtype=auto
-    if dtype == "fp32" and not instance.is_cpu:
-        return "fp16"
-    return dtype
 
 
 def divisors_up_to(n: int, limit: int) -> list[int]:
@@ -42,8 +33,6 @@ def parallelism(
 ) -> tuple[int, int]:
     """(tensor parallel, pipeline parallel) degrees, with what is wrong or odd about them, the backend
     and the dtype on this instance."""
-    from lmforge.deploy.plan.memory import CPU_HOST_USABLE_FRACTION
-
     rolling_batch = config.rolling_batch
     if config.tensor_parallel_degree == "max":
         tp = instance.gpu_count if instance.gpu_count and not instance.is_cpu else 1

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from lmforge.config.schema import ServingConfig
 from lmforge.deploy.instances import InstanceType
-from lmforge.deploy.plan.checks import compute_dtype
 from lmforge.deploy.plan.model import GIB, MIB, Notes
 from lmforge.engines.memory import kv_bytes_per_token
 from lmforge.hf import (
@@ -133,6 +132,17 @@ class Precision:
     """The checkpoint's quantization, or the on-the-fly one of option.quantize."""
     runtime_bits: float | None
     """Bits per quantized weight of an on-the-fly quantization."""
+
+
+def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:
+    """The dtype the model computes in: ``option.dtype``, or under ``auto`` the checkpoint's."""
+    if config.dtype != "auto":
+        return config.dtype
+    dtype = shape.checkpoint_dtype or "fp16"
+    # GPU backends (vLLM's rule) run fp32 checkpoints in fp16 under dtype=auto
+    if dtype == "fp32" and not instance.is_cpu:
+        return "fp16"
+    return dtype
 
 
 def precision(config: ServingConfig, shape: ModelShape, instance: InstanceType, notes: Notes) -> Precision:

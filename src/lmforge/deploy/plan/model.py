@@ -1,5 +1,6 @@
 """The plan of one model on one instance type (what ``lmforge plan`` prints and ``lmforge deploy``
-uses), and the error when no plan can be made."""
+uses), and the error when no plan can be made. The plan is data; :mod:`lmforge.deploy.plan.render`
+writes it as text."""
 
 from __future__ import annotations
 
@@ -79,9 +80,3 @@ class DeployPlan:
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (for ``lmforge plan --json``)."""
         return asdict(self)
-
-    def render(self) -> str:
-        """A human-readable, aligned report."""
-        from lmforge.deploy.plan.render import render_plan
-
-        return render_plan(self)
