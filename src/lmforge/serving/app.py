@@ -12,9 +12,10 @@ here and reach the client as a one-line message, never as a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -28,7 +29,7 @@ from lmforge.errors import (
     OverloadedError,
     classify,
 )
-from lmforge.handlers.io import Input
+from lmforge.handlers.io import Input, Output
 from lmforge.serving import adapters_api, asgi, bidi, sessions
 from lmforge.serving.state import Phase, ServerState
 
@@ -242,7 +243,11 @@ class App:
 
     # ------------------------------------------------------------------ invocations
 
-    def admit(self) -> None:
+    @contextlib.asynccontextmanager
+    async def admitted(self) -> AsyncIterator[None]:
+        """One invocation in flight until the block ends (its answer streamed included): 503 when the
+        model is not ready, 503 + ``Retry-After`` at capacity (the running batch plus
+        ``job_queue_size``). The HTTP invocations and :mod:`lmforge.serving.bidi` are admitted here."""
         self._require_ready()
         state = self.state
         if state.in_flight >= state.max_in_flight:
@@ -251,14 +256,28 @@ class App:
                 "job_queue_size); retry later",
                 retry_after=RETRY_AFTER_S,
             )
+        state.in_flight += 1
+        try:
+            yield
+        finally:
+            state.in_flight -= 1
+
+    async def run(self, inputs: Input) -> Output:
+        """The handler's answer to one admitted invocation, its status counted; an exception the handler
+        did not mean for the client is logged with its traceback and raised as a one-line error. The
+        HTTP invocations and :mod:`lmforge.serving.bidi` both call the handler here."""
+        try:
+            output = await self.handler.handle(inputs)
+        except LmforgeError:
+            raise
+        except Exception as exc:
+            raise _unexpected("handler", exc) from None
+        self.state.count(output.code)
+        return output
 
     async def _invoke(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        self.admit()
-        self.state.in_flight += 1
-        try:
+        async with self.admitted():
             await self._invoke_admitted(scope, receive, send)
-        finally:
-            self.state.in_flight -= 1
 
     async def _invoke_admitted(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
         try:
@@ -278,19 +297,14 @@ class App:
             properties=properties, content={"data": body}, route=scope["path"].rstrip("/"), query=query
         )
         try:
-            output = await asgi.run_unless_disconnected(receive, self.handler.handle(inputs))
+            output = await asgi.run_unless_disconnected(receive, self.run(inputs))
         except asgi.ClientDisconnected:
             self.state.count(499)
             return
-        except LmforgeError:
-            raise
-        except Exception as exc:
-            raise _unexpected("handler", exc) from None
         content_type = output.properties.get("Content-Type", "application/octet-stream")
         headers = {k: v for k, v in output.properties.items() if k.lower() != "content-type"}
         present = {k.lower() for k in headers}
         headers.update({k: v for k, v in echo.items() if k.lower() not in present})
-        self.state.count(output.code)
         if output.stream is None:
             await asgi.send_body(send, output.code, output.body(), content_type, headers)
             return

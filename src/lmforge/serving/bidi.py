@@ -25,19 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
 
-from lmforge.errors import LmforgeError, NotReadyError, PayloadTooLargeError, classify
-from lmforge.handlers.io import Input
+from lmforge.errors import LmforgeError, NotReadyError, PayloadTooLargeError
+from lmforge.handlers.io import Input, Output
 from lmforge.serving import asgi
-from lmforge.serving.state import Phase
-
-if TYPE_CHECKING:
-    from lmforge.serving.app import App
-
-log = logging.getLogger("lmforge.serving")
+from lmforge.serving.state import Phase, ServerState
 
 BIDI_PATH = "/invocations-bidirectional-stream"
 DONE = "[DONE]"
@@ -46,7 +41,23 @@ MAX_QUEUED = 64
 _CLOSE_TRY_AGAIN = 1013  # RFC 6455: try again later (the model is not loaded yet)
 
 
-async def serve(app: App, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+class Invocations(Protocol):
+    """What this route needs of the server: :class:`lmforge.serving.app.App`, which routes the
+    WebSocket here (so this module does not import it back)."""
+
+    @property
+    def state(self) -> ServerState: ...
+
+    def admitted(self) -> AbstractAsyncContextManager[None]:
+        """One invocation in flight until the block ends (503 when not ready or at capacity)."""
+        ...
+
+    async def run(self, inputs: Input) -> Output:
+        """The handler's answer to one admitted invocation (errors as :class:`LmforgeError`)."""
+        ...
+
+
+async def serve(app: Invocations, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
     """One WebSocket connection: accept at once, then answer each request message in turn."""
     message = await receive()
     if message["type"] != "websocket.connect":
@@ -79,7 +90,7 @@ async def serve(app: App, scope: asgi.Scope, receive: asgi.Receive, send: asgi.S
 
 
 async def _answer_all(
-    app: App, headers: dict[str, str], requests: asyncio.Queue[bytes], send: asgi.Send
+    app: Invocations, headers: dict[str, str], requests: asyncio.Queue[bytes], send: asgi.Send
 ) -> None:
     while True:
         data = await requests.get()
@@ -91,7 +102,7 @@ async def _answer_all(
         await _send_text(send, DONE)
 
 
-async def _answer(app: App, headers: dict[str, str], data: bytes, send: asgi.Send) -> None:
+async def _answer(app: Invocations, headers: dict[str, str], data: bytes, send: asgi.Send) -> None:
     state = app.state
     if state.phase != Phase.READY:
         raise NotReadyError(f"not ready: {state.detail}")
@@ -100,27 +111,15 @@ async def _answer(app: App, headers: dict[str, str], data: bytes, send: asgi.Sen
             f"message has {len(data)} bytes, more than max_request_size={state.max_request_size}",
             param="body",
         )
-    app.admit()
-    state.in_flight += 1
-    try:
+    async with app.admitted():
         inputs = Input(properties=dict(headers), content={"data": _streamed(data)}, route="/invocations")
-        try:
-            output = await app.handler.handle(inputs)
-        except LmforgeError:
-            raise
-        except Exception as exc:
-            err = classify(exc)
-            log.error("handler failed (%s %s): %s", err.status, err.type, err.message, exc_info=True)
-            raise err from None
-        state.count(output.code)
+        output = await app.run(inputs)
         if output.stream is None:  # a user handler that does not stream: its body is one message
             await _send_text(send, output.body().decode("utf-8", errors="replace").strip())
             return
         async with contextlib.aclosing(_lines(output.stream)) as lines:  # closed at once if cancelled
             async for line in lines:
                 await _send_text(send, line)
-    finally:
-        state.in_flight -= 1
 
 
 def _streamed(data: bytes) -> bytes:
