@@ -24,34 +24,26 @@ does not check SigV4 signatures either). An unknown endpoint is the same 400 ``V
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import unquote
 
 from lmforge.aws.bearer import BearerTokenError, read_bearer_token
 from lmforge.aws.names import name_problem
-
-if TYPE_CHECKING:
-    from lmforge.local.provisioner import Route
-    from lmforge.local.runtime import Reject, _Handler
+from lmforge.local.exchange import Exchange, Reject, StreamBreak, model_error
+from lmforge.local.provisioner import Route
 
 #: the path a client's ``base_url`` + ``/chat/completions`` gives
 PATH_RE = re.compile(r"^/endpoints/([^/]+)(?:/inference-components/([^/]+))?/openai/v1/(.*)$")
 #: the OpenAI routes SageMaker forwards, and the container path each reaches (see the module doc)
 CONTAINER_PATHS = {"chat/completions": "/v1/chat/completions"}
-_CHUNK = 64 * 1024
 
 
-def serve(handler: _Handler, match: re.Match[str], request_id: str) -> None:
+def serve(handler: Exchange, match: re.Match[str], request_id: str) -> None:
     """Answer one request on the OpenAI path: route it, relay the container's answer, or refuse it
     in OpenAI's error shape."""
-    from urllib.parse import unquote
-
-    from lmforge.local.runtime import Reject
-
     try:
         name, component = unquote(match.group(1)), match.group(2) and unquote(match.group(2))
         container_path = CONTAINER_PATHS.get(match.group(3).rstrip("/"))
@@ -62,7 +54,7 @@ def serve(handler: _Handler, match: re.Match[str], request_id: str) -> None:
                 f"No operation at {handler.path}: SageMaker's OpenAI-compatible path serves "
                 "/openai/v1/chat/completions only",
             )
-        body = handler._read_body()
+        body = handler.read_body()
         region = _region(handler)
         for field, value in (("endpointName", name), ("inferenceComponentName", component)):
             if value and (problem := name_problem(field, value)):
@@ -75,18 +67,16 @@ def serve(handler: _Handler, match: re.Match[str], request_id: str) -> None:
                 "path; name the inference component in the URL: "
                 "/endpoints/{endpoint}/inference-components/{component}/openai/v1",
             )
-        route = handler._route(name, region=region, component=component)
+        route = handler.route(name, region=region, component=component)
         try:
             _relay(handler, route, body, container_path, request_id)
         finally:
             handler.server.provisioner.finished(route)
     except Reject as rej:
-        handler._send_error(rej, request_id, openai_error_body(rej))
+        handler.refuse(rej, request_id, openai_error_body(rej))
 
 
-def _region(handler: _Handler) -> str:
-    from lmforge.local.runtime import Reject
-
+def _region(handler: Exchange) -> str:
     auth = handler.headers.get("Authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -113,10 +103,10 @@ def openai_error_body(rej: Reject) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
-def _container_error(handler: _Handler, route: Route, status: int, text: str) -> Reject:
+def _container_error(route: Route, status: int, text: str) -> Reject:
     """A container's error answer: its status, its body quoted as SageMaker's ModelError quotes it,
     and its own OpenAI ``type`` and ``param`` when it sent OpenAI's shape."""
-    rej = handler._model_error(route, status, text.strip())
+    rej = model_error(route, status, text.strip())
     try:
         inner = json.loads(text)
     except ValueError:
@@ -129,63 +119,47 @@ def _container_error(handler: _Handler, route: Route, status: int, text: str) ->
     return rej
 
 
-def _relay(handler: _Handler, route: Route, body: bytes, path: str, request_id: str) -> None:
+def _relay(handler: Exchange, route: Route, body: bytes, path: str, request_id: str) -> None:
     """The container's answer as it is (its status, Content-Type and bytes, chunk by chunk as they
     come), within the stream's time limit."""
     server = handler.server
     deadline = time.monotonic() + server.stream_timeout_s
     accept = handler.headers.get("Accept")
-    conn, response = handler._container_request(
+    conn, response = handler.container_request(
         route, body, accept, server.invocation_timeout_s, path=path, check=False
     )
     try:
         if not 200 <= response.status < 300:
             text = response.read().decode("utf-8", errors="replace")
-            raise _container_error(handler, route, response.status, text)
+            raise _container_error(route, response.status, text)
         content_type = response.getheader("Content-Type", "application/json")
         handler.send_response(response.status)
         handler.send_header("Content-Type", content_type)
         handler.send_header("Transfer-Encoding", "chunked")
-        handler._common_headers(route, request_id, response)
+        handler.common_headers(route, request_id, response)
         handler.end_headers()
-        _pump(handler, conn, response, deadline, sse=content_type.startswith("text/event-stream"))
+        sse = content_type.startswith("text/event-stream")
+        handler.relay(conn, response, deadline, _as_is, _error_event if sse else _nothing)
     except (BrokenPipeError, ConnectionResetError):
         handler.close_connection = True  # the client went away; closing ours makes the container abort
     finally:
         conn.close()
 
 
-def _pump(
-    handler: _Handler,
-    conn: http.client.HTTPConnection,
-    response: http.client.HTTPResponse,
-    deadline: float,
-    *,
-    sse: bool,
-) -> None:
-    """Copy the container's body to the client; a stream that breaks or runs past its limit ends with
-    an OpenAI error event (SSE) before the body is closed."""
-    problem = None
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            problem = "the container did not finish the response in the allotted time"
-            break
-        if conn.sock is not None:
-            conn.sock.settimeout(remaining)
-        try:
-            chunk = response.read1(_CHUNK)
-        except (OSError, http.client.HTTPException) as exc:
-            timed_out = isinstance(exc, TimeoutError | socket.timeout)
-            problem = (
-                "the container did not finish the response in the allotted time" if timed_out else str(exc)
-            )
-            break
-        if not chunk:
-            break
-        handler._send_chunk(chunk)
-    if problem is not None and sse:
-        error = {"message": f"The stream from the container broke: {problem}", "type": "ModelStreamError"}
-        event = json.dumps({"error": {**error, "param": None, "code": 424}})
-        handler._send_chunk(f"data: {event}\n\n".encode())
-    handler.wfile.write(b"0\r\n\r\n")
+def _as_is(chunk: bytes) -> bytes:
+    return chunk
+
+
+def _error_event(end: StreamBreak) -> bytes:
+    """An SSE stream that broke or ran past its limit ends with an OpenAI error event."""
+    problem = end.detail
+    if end.timed_out:
+        problem = "the container did not finish the response in the allotted time"
+    error = {"message": f"The stream from the container broke: {problem}", "type": "ModelStreamError"}
+    event = json.dumps({"error": {**error, "param": None, "code": 424}})
+    return f"data: {event}\n\n".encode()
+
+
+def _nothing(end: StreamBreak) -> None:
+    """Another body that broke just ends."""
+    return
