@@ -1,0 +1,138 @@
+"""The token ids every route hands the engine, pinned: what a request's prompt becomes (LMI and TGI
+``inputs``, OpenAI completions prompts as text, lists and ids, chat messages with and without tools,
+echo with prompt log-probs) and what ``/tokenize`` counts, with the length a chat request without one
+is given. The pinned ids were taken before the prompt was tokenized in one place
+(:mod:`lmforge.handlers.prompt`): any change in them is a change clients see.
+
+``prompt_ids.json`` holds them, one case a line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lmforge.engines.protocol import GenerationRequest, SamplingParams
+from tests.unit.test_http_contract import PROMPT, Served, run
+
+PINNED = Path(__file__).with_name("prompt_ids.json")
+
+#: the example model's template, with the tools and the assistant's tool calls written out
+TOOLS_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<|system|>\n{{ tools | tojson }}</s>\n{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+    "{% if m.get('tool_calls') %}{{ m['tool_calls'] | tojson }}{% endif %}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "the weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi <s> there"}]
+TOOL_CHAT = [
+    {"role": "user", "content": "weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+]
+ODD = "  naïve 😀 中文\n\tend <s>x</s>"
+
+#: (case, route, body): each one's engine requests are pinned, in order
+REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("lmi", "/invocations", {"inputs": PROMPT}),
+    ("lmi-odd", "/invocations", {"inputs": ODD, "parameters": {"max_new_tokens": 3}}),
+    ("tgi-details", "/invocations", {"inputs": PROMPT, "parameters": {"details": True, "top_n_tokens": 2}}),
+    ("lmi-chat", "/invocations", {"messages": CHAT}),
+    ("lmi-chat-length", "/invocations", {"messages": CHAT, "max_tokens": 7}),
+    ("invocations-completion", "/invocations", {"prompt": PROMPT, "max_tokens": 2}),
+    ("completion", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}),
+    ("completion-odd", "/v1/completions", {"prompt": ODD, "max_tokens": 2}),
+    ("completion-list", "/v1/completions", {"prompt": [PROMPT, ODD], "max_tokens": 2}),
+    ("completion-ids", "/v1/completions", {"prompt": [5, 7, 9, 1, 2], "max_tokens": 2}),
+    ("completion-id-lists", "/v1/completions", {"prompt": [[3, 4], [1, 8, 9]], "max_tokens": 2, "n": 2}),
+    ("completion-n", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "n": 2, "seed": 3}),
+    ("echo", "/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1}),
+    ("echo-ids", "/v1/completions", {"prompt": [1, 475, 290], "max_tokens": 1, "echo": True, "logprobs": 0}),
+    ("chat", "/v1/chat/completions", {"messages": CHAT}),
+    ("chat-length", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 4}),
+    ("chat-odd", "/v1/chat/completions", {"messages": [{"role": "user", "content": ODD}], "max_tokens": 2}),
+    ("chat-tools", "/v1/chat/completions", {"messages": TOOL_CHAT, "tools": TOOLS, "tool_choice": "none"}),
+    (
+        "chat-forced-tool",
+        "/v1/chat/completions",
+        {"messages": TOOL_CHAT, "tools": TOOLS, "tool_choice": "required"},
+    ),
+    ("chat-n", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3, "n": 2}),
+]
+
+#: (case, body): each one's ``/tokenize`` ids
+TOKENIZE: list[tuple[str, dict[str, Any]]] = [
+    ("tokenize-prompt", {"prompt": ODD}),
+    ("tokenize-prompt-bare", {"prompt": ODD, "add_special_tokens": False}),
+    ("tokenize-chat", {"messages": CHAT}),
+    ("tokenize-chat-special", {"messages": CHAT, "add_special_tokens": True}),
+    ("tokenize-chat-tools", {"messages": TOOL_CHAT, "tools": TOOLS}),
+    ("tokenize-chat-continue", {"messages": CHAT, "continue_final_message": True}),
+]
+
+
+@pytest.fixture(scope="module")
+def tools_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example model with a chat template that writes out tools and tool calls."""
+    folder = tmp_path_factory.mktemp("tools-model") / "tiny-tools"
+    shutil.copytree(tiny_model, folder)
+    (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return folder
+
+
+def observed(model: Path) -> dict[str, list[Any]]:
+    """Every case's engine prompts as ``[ids, max_new_tokens]`` (``/tokenize``: its ids)."""
+
+    async def scenario(srv: Served) -> dict[str, list[Any]]:
+        taken: list[list[Any]] = []
+        prepare = srv.engine.prepare
+
+        def recording(request: GenerationRequest) -> tuple[SamplingParams, list[int]]:
+            params, ids = prepare(request)
+            taken.append([ids, params.max_new_tokens])
+            return params, ids
+
+        srv.engine.prepare = recording  # type: ignore[method-assign]
+        out: dict[str, list[Any]] = {}
+        for case, route, body in REQUESTS:
+            resp = await srv.client.post(route, json=body)
+            assert resp.status_code == 200, (case, resp.text)
+            out[case], taken[:] = list(taken), []
+        for case, body in TOKENIZE:
+            resp = await srv.client.post("/tokenize", json=body)
+            assert resp.status_code == 200, (case, resp.text)
+            out[case] = resp.json()["tokens"]
+        return out
+
+    return run(model, scenario)
+
+
+def test_every_route_hands_the_engine_the_pinned_ids(tools_model: Path) -> None:
+    pinned = json.loads(PINNED.read_text())
+    got = observed(tools_model)
+    assert list(got) == list(pinned)
+    for case, ids in got.items():
+        assert ids == pinned[case], case
