@@ -88,9 +88,8 @@ async def run_batch(engine: Any, adapters: list[Any | None], tag: str) -> dict[s
 
     async def one(i: int, adapter: Any) -> list[float]:
         stamps = []
-        request = GenerationRequest(
-            f"{tag}-{i}", f"def function_{i}(x):\n    return ", params, adapter=adapter
-        )
+        prompt = engine.tokenizer.encode(f"def function_{i}(x):\n    return ")
+        request = GenerationRequest(f"{tag}-{i}", prompt, params, adapter=adapter)
         async for event in engine.generate(request):
             if event.token is not None:
                 stamps.append(time.perf_counter())

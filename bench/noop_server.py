@@ -4,8 +4,8 @@ Usage: python bench/noop_server.py MODEL_DIR [--host H] [--port P] [--log-level 
 
 The server is the one `lmforge serve` builds (lmforge.serving.launcher.serve: uvicorn with the same
 settings, lmforge.serving.app.App, the default handler and its formatters); only the engine differs.
-:class:`NoopEngine` loads the model folder's real tokenizer (prompts are tokenized as a real engine
-would) but no weights: it emits ``max_new_tokens`` tokens with fixed ids and texts, one per event
+:class:`NoopEngine` loads the model folder's real tokenizer (the handler tokenizes prompts with it, as
+for a real engine) but no weights: it emits ``max_new_tokens`` tokens with fixed ids and texts, one per event
 loop turn, as fast as the consumer takes them. Sampling parameters and stop strings are ignored;
 every stream ends with ``finish_reason=length``. bench/streaming_ceiling.py uses it to measure the
 CPU cost of the serving path per streamed token.
@@ -70,11 +70,7 @@ class NoopEngine(EngineBase):
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.check_health()
         rid = request.request_id
-        prompt_len = (
-            len(request.prompt)
-            if isinstance(request.prompt, list)
-            else len(self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
-        )
+        prompt_len = len(request.prompt)
         n = request.params.max_new_tokens
         self._live.add(rid)
         self._counters["requests_total"] += 1

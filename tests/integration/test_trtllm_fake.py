@@ -337,7 +337,8 @@ def test_lora_engine_loads_with_lora_config_and_round_trips(
     registry = AdapterRegistry(resolved.config, engine)
 
     async def tokens(rid: str, prompt: str, adapter: Any, n: int = 8) -> list[int]:
-        request = GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=n), adapter=adapter)
+        ids = engine.tokenizer.encode(prompt)
+        request = GenerationRequest(rid, ids, SamplingParams(max_new_tokens=n), adapter=adapter)
         return [e.token.id async for e in engine.generate(request) if e.token is not None]
 
     async def scenario() -> None:

@@ -134,7 +134,8 @@ def test_start_arguments_sampling_and_async_llm(
     async def scenario() -> list[int]:
         await engine.start()
         try:
-            request = GenerationRequest("1", "def ", SamplingParams(max_new_tokens=6, min_new_tokens=2))
+            prompt = engine.tokenizer.encode("def ")
+            request = GenerationRequest("1", prompt, SamplingParams(max_new_tokens=6, min_new_tokens=2))
             return [e.token.id async for e in engine.generate(request) if e.token is not None]
         finally:
             await engine.shutdown()
@@ -178,7 +179,8 @@ def test_lora_adapters_per_request(
     registry = AdapterRegistry(engine.config, engine)
 
     async def tokens(rid: str, adapter: Any) -> list[int]:
-        request = GenerationRequest(rid, "def ", SamplingParams(max_new_tokens=8), adapter=adapter)
+        prompt = engine.tokenizer.encode("def ")
+        request = GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=8), adapter=adapter)
         return [e.token.id async for e in engine.generate(request) if e.token is not None]
 
     async def scenario() -> None:

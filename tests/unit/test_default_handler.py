@@ -18,11 +18,18 @@ from lmforge.handlers.default import DefaultHandler
 from lmforge.handlers.io import Input
 
 
+class CharTokenizer:
+    """A character a token: all the handler asks of a tokenizer for a plain prompt."""
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [ord(c) for c in text]
+
+
 class ScriptedEngine:
     """Test double: yields the given tokens, then raises ``fail`` or simply stops."""
 
     name = "scripted"
-    tokenizer: Any = None
+    tokenizer = CharTokenizer()
     model_name = "scripted"
 
     def __init__(self, texts: list[str], fail: Exception | None) -> None:

@@ -54,7 +54,8 @@ def engine(tiny_model: Path, loop: asyncio.AbstractEventLoop) -> Iterator[LmiDis
 async def collect(
     engine: LmiDistEngine, rid: str, params: SamplingParams, prompt: str | list[int] = "def "
 ) -> list[GenerationEvent]:
-    return [e async for e in engine.generate(GenerationRequest(rid, prompt, params))]
+    ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    return [e async for e in engine.generate(GenerationRequest(rid, ids, params))]
 
 
 def test_request_larger_than_max_model_len_is_rejected_up_front(
@@ -81,7 +82,8 @@ def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
     async def scenario() -> list[GenerationEvent]:
         got: list[GenerationEvent] = []
         before = engine.stats().aborted_total
-        async with contextlib.aclosing(engine.generate(GenerationRequest("close-me", "def ", params))) as s:
+        request = GenerationRequest("close-me", engine.tokenizer.encode("def "), params)
+        async with contextlib.aclosing(engine.generate(request)) as s:
             async for event in s:
                 got.append(event)
                 if len(got) == 3:
@@ -103,9 +105,8 @@ def test_closing_the_stream_mid_generation_cancels_and_frees_the_slot(
 def test_closing_the_stream_cancels(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
     async def scenario() -> None:
         before = engine.stats().aborted_total
-        stream = engine.generate(
-            GenerationRequest("close-me", "def ", SamplingParams(max_new_tokens=500, ignore_eos=True))
-        )
+        params = SamplingParams(max_new_tokens=500, ignore_eos=True)
+        stream = engine.generate(GenerationRequest("close-me", engine.tokenizer.encode("def "), params))
         await anext(stream)
         await stream.aclose()
         assert engine.stats().running == 0

@@ -79,7 +79,8 @@ def test_a_batch_runs_every_choice_at_once_and_seeds_as_alone(tiny_model: Path) 
         seen = srv.engine.seen[-6:]
         assert [r.params.seed for r in seen] == [11, 12] * 3  # choice i of each prompt: seed + i
         assert len({r.request_id for r in seen}) == 6
-        assert [r.prompt for r in seen] == [p for p in PROMPTS for _ in range(2)]
+        ids = [srv.engine.tokenizer.encode(p) for p in PROMPTS for _ in range(2)]
+        assert [r.prompt for r in seen] == ids
 
     run(tiny_model, scenario)
 

@@ -110,10 +110,10 @@ def observed(model: Path) -> dict[str, list[Any]]:
         taken: list[list[Any]] = []
         prepare = srv.engine.prepare
 
-        def recording(request: GenerationRequest) -> tuple[SamplingParams, list[int]]:
-            params, ids = prepare(request)
-            taken.append([ids, params.max_new_tokens])
-            return params, ids
+        def recording(request: GenerationRequest) -> SamplingParams:
+            params = prepare(request)
+            taken.append([request.prompt, params.max_new_tokens])
+            return params
 
         srv.engine.prepare = recording  # type: ignore[method-assign]
         out: dict[str, list[Any]] = {}

@@ -59,21 +59,17 @@ class EngineBase:
             extra=dict(extra or {}),
         )
 
-    def prepare(self, request: GenerationRequest) -> tuple[SamplingParams, list[int]]:
+    def prepare(self, request: GenerationRequest) -> SamplingParams:
         """What every engine does first with a request: refuse it when the engine cannot serve, give
         a sampled request without a seed one of its own (its draws are then reproducible, and equal
-        on every tensor-parallel rank), tokenize the prompt, and check its size
-        (:func:`lmforge.engines.limits.check_request_size`). Returns the settings and prompt ids."""
+        on every tensor-parallel rank), and check its size
+        (:func:`lmforge.engines.limits.check_request_size`). Returns the settings to run it with."""
         self.check_health()
         params = request.params
         if params.do_sample and params.seed is None:
             params = dataclasses.replace(params, seed=random.getrandbits(62))
-        if isinstance(request.prompt, list):
-            prompt_ids = list(request.prompt)
-        else:
-            prompt_ids = self._tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-        check_request_size(self.config, len(prompt_ids), params.max_new_tokens, self.max_model_len)
-        return params, prompt_ids
+        check_request_size(self.config, len(request.prompt), params.max_new_tokens, self.max_model_len)
+        return params
 
     @property
     def tokenizer(self) -> Any:

@@ -176,11 +176,10 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
-    prompt: str | list[int]
-    """Text (tokenized by the engine) or token ids."""
+    prompt: list[int]
+    """The prompt's token ids: the handler layer tokenizes text (:mod:`lmforge.handlers.prompt`), an
+    engine never does."""
     params: SamplingParams
-    add_special_tokens: bool = True
-    """Whether the tokenizer adds BOS and friends; False for prompts rendered by a chat template."""
     adapter: LoraAdapter | None = None
     """The LoRA adapter to apply (registered with :meth:`LoraEngine.add_adapter`), None for the base model."""
 

@@ -9,43 +9,33 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from lmforge.engines.protocol import (
-    EngineStats,
-    FieldError,
-    GenerationEvent,
-    GenerationRequest,
-    RequestField,
-    SamplingParams,
-)
-from lmforge.errors import BadRequestError, LmforgeError, NotFoundError
+from lmforge.engines.protocol import EngineStats, FieldError, GenerationEvent, GenerationRequest
+from lmforge.errors import LmforgeError
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers import streams, tokenization
-from lmforge.handlers.chat_template import check_variables, render_chat
-from lmforge.handlers.fields import client_name, in_client_terms
+from lmforge.handlers.chat_template import check_variables
+from lmforge.handlers.fields import in_client_terms
 from lmforge.handlers.io import Input, Output
 from lmforge.handlers.logprobs import TokenText
 from lmforge.handlers.openai_api import template_messages
+from lmforge.handlers.prompt import Prompts
 from lmforge.handlers.reply_parsing import ReplyParser
-from lmforge.handlers.requests import CHAT_ROUTE, COMPLETIONS_ROUTE, ParsedRequest, parse_body, parse_request
+from lmforge.handlers.requests import OPENAI_ROUTES, ParsedRequest, parse_body, parse_request
+from lmforge.handlers.served import ServedModels
 from lmforge.handlers.tools import template_tools
 
 if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
-    from lmforge.adapters.spec import LoraAdapter
     from lmforge.config import ServingConfig
     from lmforge.engines.protocol import CallSyntax, Engine
 
 log = logging.getLogger("lmforge.handlers")
 
 REQUEST_ID_HEADERS = ("x-amzn-sagemaker-inference-id", "x-request-id")
-ADAPTER_HEADER = "x-amzn-sagemaker-adapter-identifier"
-ALIAS_HEADER = "x-amzn-sagemaker-adapter-alias"
-ADAPTER_QUERY = "adapter"
-OPENAI_ROUTES = (CHAT_ROUTE, COMPLETIONS_ROUTE)
 
 
 class DefaultHandler:
@@ -67,6 +57,8 @@ class DefaultHandler:
                     f"option.enable_lora=true: the {engine.name} backend does not serve LoRA adapters"
                 )
             self.adapters = AdapterRegistry(config, engine)
+        self.prompts = Prompts(engine, config.max_output_len)
+        self.served = ServedModels(config, engine, self.adapters)
 
     async def start(self) -> None:
         if self.adapters is not None:  # a bad adapter in the folder stops the start before the model loads
@@ -83,73 +75,6 @@ class DefaultHandler:
         if self._token_text is None:
             self._token_text = TokenText(self.engine.tokenizer)
         return self._token_text
-
-    def _served_names(self) -> set[str]:
-        """Names an OpenAI ``model`` may give for the base model (``/v1/models``'s name, ``model``,
-        ``option.model_id``, the folder's name; or none). Others: an adapter, else vLLM's 404 on /v1."""
-        names = {"model", self.engine.model_name}
-        if self.config.model_id:
-            names.add(self.config.model_id)
-        if self.config.model_dir is not None:
-            names.add(self.config.model_dir.name)
-        return names
-
-    def _unknown_model(self, named: str) -> NotFoundError:
-        """vLLM's 404 for a ``model`` that is neither the served model nor a registered adapter."""
-        names = ", ".join(sorted(self._served_names()))
-        adapters = [a.name for a in self.adapters.all()] if self.adapters is not None else []
-        also = f"; adapters: {', '.join(adapters[:20])}" if adapters else ""
-        return NotFoundError(
-            f"The model `{named}` does not exist. Valid aliases: {names}{also}.", param="model"
-        )
-
-    def _check_model(self, named: str | None) -> None:
-        """An OpenAI ``model`` must name the served model or a registered adapter (vLLM's 404)."""
-        if not named or named in self._served_names():
-            return
-        if self.adapters is None or self.adapters.find(named) is None:
-            raise self._unknown_model(named)
-
-    def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
-        """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
-        (``adapters``) or ``?adapter=``."""
-        identifier = inputs.get_property(ADAPTER_HEADER)
-        alias = inputs.get_property(ALIAS_HEADER)
-        if not identifier and alias:
-            found = self.adapters.find_alias(alias) if self.adapters is not None else None
-            identifier = found.name if found is not None else alias
-        wanted = {
-            source: value
-            for source, value in (
-                ("the X-Amzn-SageMaker-Adapter-Identifier or -Alias header", identifier),
-                ("adapters" if not req.openai else "model", req.adapter),
-                ("the adapter query parameter", inputs.get_query(ADAPTER_QUERY)),
-            )
-            if value
-        }
-        if req.openai and "model" in wanted:
-            named = wanted["model"]
-            if inputs.route in OPENAI_ROUTES:
-                self._check_model(named)
-            if named in self._served_names():
-                del wanted["model"]  # the OpenAI model field names the served model, not an adapter
-            elif self.adapters is None:  # /invocations: SageMaker routes by endpoint, and its
-                del wanted["model"]  # clients send any model name
-        if not wanted:
-            return None
-        if len(set(wanted.values())) > 1:
-            raise BadRequestError(
-                "the request names different adapters: "
-                + ", ".join(f"{v!r} in {k}" for k, v in wanted.items()),
-                param="adapters",
-            )
-        name = next(iter(wanted.values()))
-        if self.adapters is None:
-            raise BadRequestError(
-                f"adapter {name!r} requested but LoRA adapters are not enabled (option.enable_lora=true)",
-                param="adapters",
-            )
-        return self.adapters.get(name)
 
     def check_health(self) -> None:
         self.engine.check_health()
@@ -171,49 +96,6 @@ class DefaultHandler:
             return fmt.SSE if wants_sse else fmt.JSONLINES
         return None
 
-    def _check_ids(self, ids: Iterable[int], param: str) -> None:
-        """An id past the vocabulary would fail inside the engine's batched step, for every request."""
-        vocab = len(self.engine.tokenizer)
-        bad = next((t for t in ids if t >= vocab), None)
-        if bad is not None:
-            raise BadRequestError(
-                f"{param}: token id {bad} is out of range: this model's vocabulary has {vocab} tokens "
-                f"(ids 0 to {vocab - 1})",
-                param=param,
-            )
-
-    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        """``text``'s token ids, as the engines tokenize a prompt (:meth:`EngineBase.prepare`)."""
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-
-    def _check_param_ids(self, params: SamplingParams) -> None:
-        if params.logit_bias:
-            self._check_ids((t for t, _ in params.logit_bias), "logit_bias")
-        if params.stop_token_ids:
-            self._check_ids(params.stop_token_ids, "stop_token_ids")
-
-    def _prompt(self, req: ParsedRequest) -> tuple[str | list[int], bool]:
-        """One prompt as the engine takes it (text or ids), and whether it adds special tokens."""
-        if req.prompt_ids is not None:
-            self._check_ids(req.prompt_ids, client_name(RequestField.PROMPT, req) or "prompt")
-            return req.prompt_ids, True
-        if not req.chat:
-            return req.prompt, True
-        text = render_chat(self.engine.tokenizer, req.messages or [], tools=req.tools)
-        return text, False
-
-    def _to_model_length(self, prompt: str, params: SamplingParams) -> tuple[list[int], SamplingParams]:
-        """A chat request with no max_tokens may generate up to the model's remaining length (as
-        OpenAI and vLLM do), capped by option.max_output_len; not the LMI default length. Returns the
-        rendered prompt's token ids (the engine takes them as they are: tokenized once) and the params."""
-        ids = self.encode(prompt, add_special_tokens=False)
-        limit = int(getattr(self.engine, "max_model_len", 0) or 0)
-        room = limit - len(ids)
-        if self.config.max_output_len is not None:
-            room = min(room, self.config.max_output_len)
-        # no room (or no known length): the engine's size check decides (naming messages)
-        return ids, dataclasses.replace(params, max_new_tokens=room) if limit > 0 and room >= 1 else params
-
     async def handle(self, inputs: Input) -> Output:
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
         req = parse_request(
@@ -223,27 +105,16 @@ class DefaultHandler:
             auto_tools=self.config.enable_auto_tool_choice,
         )
         media = self._media_type(req, inputs.get_property("accept"), inputs.route)
-        self._check_param_ids(req.params)
-        prompts = [(each, *self._prompt(each)) for each in req.each_prompt()]
-        adapter = self._adapter(req, inputs)
-        # OpenAI answers name what served them: the adapter, else the model
-        served = adapter.name if adapter is not None else self.engine.model_name
+        self.prompts.check_params(req.params)
+        prompts = [(each, self.prompts.ids(each)) for each in req.each_prompt()]
+        served = self.served.resolve(req, inputs)
         request_id = _request_id(inputs)
-        requests: list[tuple[ParsedRequest, GenerationRequest]] = []
-        for each, prompt, add_special in prompts:
-            params = each.params
-            if each.chat and not each.length_given and isinstance(prompt, str):
-                prompt, params = self._to_model_length(prompt, params)
-            request = GenerationRequest(
-                request_id=request_id,
-                prompt=prompt,
-                params=params,
-                add_special_tokens=add_special,
-                adapter=adapter,
-            )
-            requests.append((each, request))
+        requests = [
+            (each, GenerationRequest(request_id, ids, self.prompts.params(each, ids), adapter=served.adapter))
+            for each, ids in prompts
+        ]
         if len(requests) > 1 or req.n > 1:
-            return await self._choices(req.n, served, requests, media)
+            return await self._choices(req.n, served.name, requests, media)
         req, request = requests[0]
         events = self._generate(request, req)
         try:
@@ -259,11 +130,11 @@ class DefaultHandler:
         out = Output()
         if media is None:
             async with contextlib.aclosing(events):
-                body_obj = await self._collect(req, served, first, events)
+                body_obj = await self._collect(req, served.name, first, events)
             return out.add_as_json(body_obj)
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(self._stream(req, served, first, events, media))
+        return out.add_stream_content(self._stream(req, served.name, first, events, media))
 
     def _generate(
         self, request: GenerationRequest, req: ParsedRequest
@@ -403,12 +274,11 @@ class DefaultHandler:
         """``POST /tokenize``: a prompt's ids as a completions request tokenizes it, or chat messages'
         as a chat request renders and tokenizes them."""
         req = tokenization.parse_tokenize(parse_body(raw, None))
-        self._check_model(req.model)
+        self.served.check(req.model)
         if isinstance(req, tokenization.TokenizeChat):
             variables = req.chat_template_kwargs or {}
             check_variables(self.engine.tokenizer, variables, "chat_template_kwargs")
-            text = render_chat(
-                self.engine.tokenizer,
+            text = self.prompts.render(
                 template_messages(req.messages),
                 tools=template_tools(req.tools),
                 add_generation_prompt=req.generation_prompt(),
@@ -417,15 +287,15 @@ class DefaultHandler:
             )
         else:
             text = req.prompt
-        ids = self.encode(text, req.add_special_tokens)
+        ids = self.prompts.encode(text, special_tokens=req.add_special_tokens)
         limit = int(getattr(self.engine, "max_model_len", 0) or 0)
         return tokenization.tokenize_answer(ids, limit, self.engine.tokenizer, bool(req.return_token_strs))
 
     def detokenize(self, raw: bytes) -> dict[str, Any]:
         """``POST /detokenize``: the text of token ids (special tokens included, as vLLM decodes them)."""
         req = tokenization.parse_detokenize(parse_body(raw, None))
-        self._check_model(req.model)
-        self._check_ids(req.tokens, "tokens")
+        self.served.check(req.model)
+        self.prompts.check_ids(req.tokens, "tokens")
         return {"prompt": str(self.engine.tokenizer.decode(req.tokens))}
 
     def tokenizer_info(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ __all__ = ["ParsedRequest", "parse_body", "parse_request"]
 #: the OpenAI routes; /invocations takes any of the schemas
 CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
+OPENAI_ROUTES = (CHAT_ROUTE, COMPLETIONS_ROUTE)
 
 
 class _Neutral(BaseModel):

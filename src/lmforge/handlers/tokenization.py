@@ -1,9 +1,9 @@
 """vLLM's tokenizer routes: ``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info``, with
 vLLM's request and response shapes, on the engine's own tokenizer.
 
-Nothing here tokenizes or renders a chat on its own: the default handler's ``encode`` (the call the
-engines make on a prompt) and :func:`lmforge.handlers.chat_template.render_chat` (what chat requests
-go through) do, so ``/tokenize`` gives the ids, and the count, a request would have.
+Nothing here tokenizes or renders a chat on its own: :class:`lmforge.handlers.prompt.Prompts` (what
+every request's prompt goes through) does, so ``/tokenize`` gives the ids, and the count, a request
+would have.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A scripted engine: the engine protocol with no model, for in-process HTTP contract tests.
 
-It loads the model folder's real tokenizer (prompts are tokenized and chat templates rendered as a
-real engine would) and hands its tokens through lmforge's own :class:`~lmforge.engines.streaming.TokenStream`
-(incremental detokenization, stop strings), so the handler, the formatters and the ASGI app see what
-vLLM or LMI-Dist would give them. Only the choice of tokens is scripted:
+It loads the model folder's real tokenizer (the handler tokenizes prompts and renders chat templates
+with it, as with a real engine) and hands its tokens through lmforge's own
+:class:`~lmforge.engines.streaming.TokenStream` (incremental detokenization, stop strings), so the
+handler, the formatters and the ASGI app see what vLLM or LMI-Dist would give them.
+Only the choice of tokens is scripted:
 
 * the tokens of a request are a pure function of its prompt ids (:meth:`ScriptedEngine.script`), so a
   test can say exactly what the answer must be;
@@ -120,7 +121,7 @@ class ScriptedEngine(EngineBase):
         self._alive = False
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, ids = self.prepare(request)
+        params, ids = self.prepare(request), request.prompt
         pending = self.prompt_logprobs(ids, params.prompt_logprobs)
         self.seen.append(request)
         self._counters["requests_total"] += 1

@@ -1,7 +1,7 @@
 """LMI-Dist engine: continuous batching on transformers' paged-attention manager, in an engine core
 process of its own (the shape vLLM's V1 engine proved).
 
-This class is the frontend, in the server process: it tokenizes, checks sizes, admits requests, turns
+This class is the frontend, in the server process: it checks sizes, admits requests, turns
 the core's token ids into text and stop strings (:class:`lmforge.engines.streaming.TokenStream`, as
 for every engine), and keeps adapter slots. The engine core (:mod:`.core`, reached through
 :class:`.client.CoreProcess`) owns the model, transformers' ``ContinuousBatchingManager`` and
@@ -220,7 +220,7 @@ class LmiDistEngine(EngineBase):
         ]
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, prompt_ids = self.prepare(request)
+        params, prompt_ids = self.prepare(request), request.prompt
         assert self._slots is not None and self._core is not None
         adapter = request.adapter
         lora = self._slots_or_refuse() if adapter is not None else None

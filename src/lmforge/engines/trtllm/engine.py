@@ -240,7 +240,7 @@ class TrtllmEngine(EngineBase):
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, ids = self.prepare(request)
+        params, ids = self.prepare(request), request.prompt
         if self.max_input_len is not None and len(ids) > self.max_input_len:
             raise FieldError(
                 RequestField.PROMPT,

@@ -145,7 +145,8 @@ PROBE_TOKENS = 8
 async def _greedy_ids(engine: Any, prompt: str, tokens: int) -> list[int]:
     from lmforge.engines.protocol import GenerationRequest, SamplingParams
 
-    request = GenerationRequest("lmforge-compile-probe", prompt, SamplingParams(max_new_tokens=tokens))
+    ids = list(engine.tokenizer.encode(prompt))  # as a plain prompt is tokenized: with the BOS
+    request = GenerationRequest("lmforge-compile-probe", ids, SamplingParams(max_new_tokens=tokens))
     return [event.token.id async for event in engine.generate(request) if event.token is not None]
 
 

@@ -3,8 +3,8 @@
 vLLM does the batching, sampling, stop strings and detokenization; this class maps requests and
 results between the two vocabularies:
 
-* prompts are tokenized here (the handler decides whether special tokens are added, e.g. not for
-  a rendered chat template) and sent as token ids, so lengths are checked before vLLM sees them;
+* prompts arrive as token ids (the handler layer tokenizes, :mod:`lmforge.handlers.prompt`), so
+  lengths are checked before vLLM sees them;
 * outputs stream as token-id deltas (``RequestOutputKind.DELTA``, no detokenization in vLLM);
   text and stop strings are lmforge's, as for LMI-Dist, so every token carries its own text
   (vLLM's own stop handling holds text back and shifts it between tokens); every token carries
@@ -164,7 +164,7 @@ class VllmEngine(EngineBase):
         renderer (a thread hop there and back for every request, ~0.1-1 ms of TTFT on a busy machine).
         The raw prompt where this vLLM has no such renderer."""
         renderer = getattr(self._llm, "renderer", None)
-        raw = {"prompt_token_ids": prompt_ids}
+        raw = {"prompt_token_ids": list(prompt_ids)}  # vLLM keeps it (and may extend it): its own copy
         if renderer is None or not hasattr(renderer, "render_cmpl"):
             return raw
         try:
@@ -328,7 +328,7 @@ class VllmEngine(EngineBase):
             raise FieldError(field, f"vLLM refuses this request: {exc}") from None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, prompt_ids = self.prepare(request)
+        params, prompt_ids = self.prepare(request), request.prompt
         sampling = self._sampling_params(params)
         lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
