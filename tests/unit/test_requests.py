@@ -106,3 +106,16 @@ def test_a_field_nested_as_deep_as_the_parser_allows_is_a_400_naming_it() -> Non
     with pytest.raises(BadRequestError) as err:
         parse({"inputs": "x", "adapters": deep})
     assert err.value.param == "adapters" and "(got [[[" in err.value.message
+
+
+def test_lmi_names_an_adapter_and_openai_a_model() -> None:
+    """LMI's ``adapters`` names an adapter; OpenAI's ``model`` may name the served model or an adapter
+    (which of the two is the handler's to tell): each is kept in a field of its own."""
+    lmi = parse({"inputs": "x", "adapters": ["a1"]})
+    assert (lmi.adapter, lmi.model) == ("a1", None)
+    for body in (
+        {"messages": [{"role": "user", "content": "x"}], "model": "a1"},
+        {"prompt": "x", "model": "a1"},
+    ):
+        openai = parse(body)
+        assert (openai.adapter, openai.model) == (None, "a1")

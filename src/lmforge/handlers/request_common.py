@@ -48,7 +48,9 @@ class ParsedRequest:
     include_usage: bool = False
     logprobs: bool = False
     adapter: str | None = None
-    """The adapter named in the body (LMI ``adapters``; chat ``model`` when it names an adapter)."""
+    """LMI: the adapter ``adapters`` names (none: the base model)."""
+    model: str | None = None
+    """OpenAI: ``model``, the served model's name or an adapter's (:mod:`lmforge.handlers.served`)."""
     length_field: str = "parameters.max_new_tokens"
     """The body field that set ``max_new_tokens``, for error messages (chat: ``max_tokens``, ...)."""
     structured_field: str = "response_format"

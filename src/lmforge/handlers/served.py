@@ -85,12 +85,13 @@ class ServedModels:
             source: value
             for source, value in (
                 ("the X-Amzn-SageMaker-Adapter-Identifier or -Alias header", identifier),
-                ("adapters" if not req.openai else "model", req.adapter),
+                ("adapters", req.adapter),
+                ("model", req.model),
                 ("the adapter query parameter", inputs.get_query(ADAPTER_QUERY)),
             )
             if value
         }
-        if req.openai and "model" in wanted:
+        if "model" in wanted:
             named = wanted["model"]
             if inputs.route in OPENAI_ROUTES:
                 self.check(named)
