@@ -17,16 +17,13 @@ from lmforge.errors import LmforgeError
 from lmforge.handlers import formatters as fmt
 from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers import streams, tokenization
-from lmforge.handlers.chat_template import check_variables
 from lmforge.handlers.fields import in_client_terms
 from lmforge.handlers.io import Input, Output
 from lmforge.handlers.logprobs import TokenText
-from lmforge.handlers.openai_api import template_messages
 from lmforge.handlers.prompt import Prompts
 from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.handlers.requests import OPENAI_ROUTES, ParsedRequest, parse_body, parse_request
 from lmforge.handlers.served import ServedModels
-from lmforge.handlers.tools import template_tools
 
 if TYPE_CHECKING:
     from lmforge.adapters.registry import AdapterRegistry
@@ -73,7 +70,7 @@ class DefaultHandler:
     def token_text(self) -> TokenText:
         """How log-probs name the engine's tokens (built once the engine has its tokenizer)."""
         if self._token_text is None:
-            self._token_text = TokenText(self.engine.tokenizer)
+            self._token_text = TokenText(self.prompts.tokenizer)
         return self._token_text
 
     def check_health(self) -> None:
@@ -275,32 +272,20 @@ class DefaultHandler:
         as a chat request renders and tokenizes them."""
         req = tokenization.parse_tokenize(parse_body(raw, None))
         self.served.check(req.model)
-        if isinstance(req, tokenization.TokenizeChat):
-            variables = req.chat_template_kwargs or {}
-            check_variables(self.engine.tokenizer, variables, "chat_template_kwargs")
-            text = self.prompts.render(
-                template_messages(req.messages),
-                tools=template_tools(req.tools),
-                add_generation_prompt=req.generation_prompt(),
-                continue_final_message=req.continue_final_message,
-                variables=variables,
-            )
-        else:
-            text = req.prompt
-        ids = self.prompts.encode(text, special_tokens=req.add_special_tokens)
-        limit = int(getattr(self.engine, "max_model_len", 0) or 0)
-        return tokenization.tokenize_answer(ids, limit, self.engine.tokenizer, bool(req.return_token_strs))
+        ids = self.prompts.tokenize(req)
+        strs = bool(req.return_token_strs)
+        return tokenization.tokenize_answer(ids, self.prompts.max_model_len, self.prompts.tokenizer, strs)
 
     def detokenize(self, raw: bytes) -> dict[str, Any]:
         """``POST /detokenize``: the text of token ids (special tokens included, as vLLM decodes them)."""
         req = tokenization.parse_detokenize(parse_body(raw, None))
         self.served.check(req.model)
         self.prompts.check_ids(req.tokens, "tokens")
-        return {"prompt": str(self.engine.tokenizer.decode(req.tokens))}
+        return {"prompt": str(self.prompts.tokenizer.decode(req.tokens))}
 
     def tokenizer_info(self) -> dict[str, Any]:
         """``GET /tokenizer_info``: the tokenizer's settings (vLLM's shape)."""
-        return tokenization.tokenizer_info(self.engine.tokenizer)
+        return tokenization.tokenizer_info(self.prompts.tokenizer)
 
 
 def _request_id(inputs: Input) -> str:

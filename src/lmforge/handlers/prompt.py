@@ -13,13 +13,16 @@ tokenizes through the same calls, so it counts what a request counts.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.protocol import RequestField
 from lmforge.errors import BadRequestError
-from lmforge.handlers.chat_template import render_chat
+from lmforge.handlers.chat_template import check_variables, render_chat
 from lmforge.handlers.fields import client_name
+from lmforge.handlers.openai_api import template_messages
+from lmforge.handlers.tokenization import TokenizeChat, TokenizePrompt
+from lmforge.handlers.tools import template_tools
 
 if TYPE_CHECKING:
     from lmforge.engines.protocol import Engine, SamplingParams
@@ -37,6 +40,11 @@ class Prompts:
     def tokenizer(self) -> Any:
         return self._engine.tokenizer
 
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + generated tokens one sequence may hold (0: the engine does not say)."""
+        return int(getattr(self._engine, "max_model_len", 0) or 0)
+
     def ids(self, req: ParsedRequest) -> list[int]:
         """``req``'s one prompt as token ids: its ids checked, its chat rendered and tokenized, or
         its text tokenized with the tokenizer's special tokens."""
@@ -44,29 +52,28 @@ class Prompts:
             self.check_ids(req.prompt_ids, client_name(RequestField.PROMPT, req) or "prompt")
             return list(req.prompt_ids)
         if req.chat:
-            return self.encode(self.render(req.messages or [], tools=req.tools), special_tokens=False)
-        return self.encode(req.prompt, special_tokens=True)
+            text = render_chat(self.tokenizer, req.messages or [], tools=req.tools)
+            return self._encode(text, special_tokens=False)
+        return self._encode(req.prompt, special_tokens=True)
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        variables: Mapping[str, Any] | None = None,
-    ) -> str:
-        """``messages`` through the model's chat template (see :func:`render_chat`)."""
-        return render_chat(
+    def tokenize(self, req: TokenizePrompt | TokenizeChat) -> list[int]:
+        """vLLM's ``POST /tokenize``: a text, or messages rendered as a chat request renders them, with
+        the special tokens the client asks for (by default, as a request of that kind gets them)."""
+        if isinstance(req, TokenizePrompt):
+            return self._encode(req.prompt, special_tokens=req.add_special_tokens)
+        variables = req.chat_template_kwargs or {}
+        check_variables(self.tokenizer, variables, "chat_template_kwargs")
+        text = render_chat(
             self.tokenizer,
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
+            template_messages(req.messages),
+            tools=template_tools(req.tools),
+            add_generation_prompt=req.generation_prompt(),
+            continue_final_message=req.continue_final_message,
             variables=variables,
         )
+        return self._encode(text, special_tokens=req.add_special_tokens)
 
-    def encode(self, text: str, *, special_tokens: bool) -> list[int]:
+    def _encode(self, text: str, *, special_tokens: bool) -> list[int]:
         """``text``'s token ids; ``special_tokens``: with those the tokenizer adds (its BOS, ...)."""
         return list(self.tokenizer.encode(text, add_special_tokens=special_tokens))
 
@@ -95,7 +102,7 @@ class Prompts:
         params = req.params
         if not req.chat or req.length_given:
             return params
-        limit = int(getattr(self._engine, "max_model_len", 0) or 0)
+        limit = self.max_model_len
         room = limit - len(ids)
         if self._max_output_len is not None:
             room = min(room, self._max_output_len)
