@@ -136,3 +136,41 @@ def test_every_route_hands_the_engine_the_pinned_ids(tools_model: Path) -> None:
     assert list(got) == list(pinned)
     for case, ids in got.items():
         assert ids == pinned[case], case
+
+
+LONG = "x " * 600
+CHAT_LONG = [{"role": "user", "content": LONG}]
+#: (route, body, status, the field the error names): prompts refused by the prompt unit or by the
+#: engine's size check (the scripted engine's max_model_len is 512), named as the client sent them
+REFUSED: list[tuple[str, dict[str, Any], int, str]] = [
+    ("/v1/completions", {"prompt": [[1, 2], [99999]], "max_tokens": 2}, 400, "prompt.1"),
+    ("/v1/completions", {"prompt": [99999], "max_tokens": 2}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "logit_bias": {"99999": 1}}, 400, "logit_bias"),
+    (
+        "/v1/completions",
+        {"prompt": [1, 2], "max_tokens": 2, "stop_token_ids": [99999]},
+        400,
+        "stop_token_ids",
+    ),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "model": "nope"}, 404, "model"),
+    ("/invocations", {"inputs": "x", "adapters": "a1"}, 400, "adapters"),
+    ("/v1/completions", {"prompt": ["hi", LONG], "max_tokens": 2}, 400, "prompt.1"),
+    ("/invocations", {"inputs": LONG}, 400, "inputs"),
+    ("/invocations", {"messages": CHAT_LONG}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT_LONG}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 600}, 400, "max_tokens"),
+    ("/tokenize", {"prompt": "x", "model": "nope"}, 404, "model"),
+    ("/detokenize", {"tokens": [99999]}, 400, "tokens"),
+]
+
+
+def test_refused_prompts_keep_their_status_and_field(tiny_model: Path) -> None:
+    async def scenario(srv: Served) -> list[tuple[int, str]]:
+        got = []
+        for route, body, _, _ in REFUSED:
+            resp = await srv.client.post(route, json=body)
+            error = resp.json()
+            got.append((resp.status_code, (error.get("error") or error)["param"]))
+        return got
+
+    assert run(tiny_model, scenario) == [(status, param) for _, _, status, param in REFUSED]
