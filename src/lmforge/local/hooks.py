@@ -1,7 +1,8 @@
 """What the local control plane tells the runtime: an endpoint or inference component was created,
 updated or deleted. The provisioner implements it; :mod:`lmforge.local.moto_ext` and
 :mod:`lmforge.local.inference_components` call it from inside moto's request handling (the calls
-must not block)."""
+must not block). :func:`install_hooks` names the implementation the patches call; lmforge keeps it
+here, not on moto's classes."""
 
 from __future__ import annotations
 
@@ -24,3 +25,22 @@ class EndpointHooks(Protocol):
     def component_created(self, backend: Any, component: Any) -> None: ...
 
     def component_deleted(self, backend: Any, component: Any) -> None: ...
+
+
+class _Installed:
+    """The hooks the patched moto calls, held by lmforge (not on moto's classes): the last installed."""
+
+    hooks: EndpointHooks | None = None
+
+
+def install_hooks(hooks: EndpointHooks) -> None:
+    """Make ``hooks`` the ones the patched control plane calls from now on (the last given wins)."""
+    _Installed.hooks = hooks
+
+
+def installed_hooks() -> EndpointHooks:
+    """The hooks :func:`install_hooks` was last given (the patches are installed only after that)."""
+    hooks = _Installed.hooks
+    if hooks is None:
+        raise RuntimeError("lmforge's moto patches run before install_hooks gave them their hooks")
+    return hooks

@@ -20,71 +20,46 @@ once in the local SageMaker process (nothing is copied from moto):
 - IAM (the execution role, ``SimulatePrincipalPolicy`` for SDK v3's role validation): see
   :mod:`lmforge.local.iam_ext`.
 
-``check_compatible()`` fails loudly when a moto upgrade removes what these patches rely on.
+Each patch is a named function here (or in :mod:`.component_actions`), listed in
+:data:`PATCHES`; :data:`REACHES` lists the moto attributes they use, and ``check_compatible()`` fails
+loudly, naming each attribute and the moto version tested, when a moto upgrade removes one (see
+:mod:`lmforge.local.moto_patch`). The provisioner the patches call is held in
+:mod:`lmforge.local.hooks`, not on moto's classes.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
 from typing import Any
 
-from lmforge.local.hooks import EndpointHooks
+from lmforge.local import component_actions
+from lmforge.local.hooks import EndpointHooks, install_hooks, installed_hooks
+from lmforge.local.moto_patch import Patch, Reach, apply, check, original, patched_reaches
 
-_PATCHED = "_lmforge_patched"
+BACKEND = "moto.sagemaker.models:SageMakerModelBackend"
+RESPONSE = "moto.sagemaker.responses:SageMakerResponse"
+CONFIG = "moto.sagemaker.models:FakeEndpointConfig"
+ENDPOINT = "moto.sagemaker.models:FakeEndpoint"
 
 
-def _moto() -> tuple[Any, Any, Any, Any]:
-    from moto.sagemaker import models, responses
+def _validation_error() -> type[Exception]:
     from moto.sagemaker.exceptions import ValidationError
 
-    return models, responses, ValidationError, models.SageMakerModelBackend
+    return ValidationError  # type: ignore[no-any-return]
 
 
-def check_compatible() -> None:
-    """Raise RuntimeError when the installed moto lacks what the patches below rely on."""
-    models, responses, _, backend_cls = _moto()
-    needed = {
-        models.FakeEndpointConfig: ["validate_instance_type"],
-        models.FakeEndpoint: ["__init__", "response_object", "_process_production_variants"],
-        backend_cls: [
-            "create_endpoint",
-            "delete_endpoint",
-            "describe_endpoint_config",
-            "describe_model",
-            "validate_production_variants",
-            "create_endpoint_config",
-            "update_endpoint_weights_and_capacities",
-            "create_model",
-        ],
-        responses.SageMakerResponse: ["describe_model", "describe_endpoint_config", "describe_endpoint"],
-    }
-    missing = [
-        f"{cls.__name__}.{name}" for cls, names in needed.items() for name in names if not hasattr(cls, name)
-    ]
-    if missing:
-        import moto
+def validate_instance_type(self: Any, instance_type: str) -> None:
+    """``FakeEndpointConfig.validate_instance_type``: any real-time type botocore knows, with a hint."""
+    from lmforge.deploy.instances import sagemaker_instance_types
 
-        raise RuntimeError(
-            f"moto {moto.__version__} lacks {', '.join(missing)}; install the version lmforge pins "
-            "(pip install -e '.[local]')"
+    known = sagemaker_instance_types()
+    if instance_type not in known:
+        close = difflib.get_close_matches(instance_type, known, n=3)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise _validation_error()(
+            f"Value '{instance_type}' at 'instanceType' failed to satisfy constraint: "
+            f"Member must be a SageMaker real-time instance type{hint}"
         )
-
-
-def _validate_instance_type(validation_error: type[Exception]) -> Callable[[Any, str], None]:
-    def validate(self: Any, instance_type: str) -> None:
-        from lmforge.deploy.instances import sagemaker_instance_types
-
-        known = sagemaker_instance_types()
-        if instance_type not in known:
-            close = difflib.get_close_matches(instance_type, known, n=3)
-            hint = f"; did you mean {' or '.join(close)}?" if close else ""
-            raise validation_error(
-                f"Value '{instance_type}' at 'instanceType' failed to satisfy constraint: "
-                f"Member must be a SageMaker real-time instance type{hint}"
-            )
-
-    return validate
 
 
 def _drop_empty(result: Any) -> Any:
@@ -97,145 +72,197 @@ def _drop_empty(result: Any) -> Any:
     return result
 
 
+def create_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str, tags: Any) -> Any:
+    """``CreateEndpoint``: names checked, an existing name refused, ``Creating`` until the provisioner
+    has the containers serving."""
+    validation_error = _validation_error()
+    _check_name("endpointName", endpoint_name)
+    if endpoint_name in self.endpoints:
+        raise validation_error(f'Cannot create already existing endpoint "{endpoint_name}".')
+    endpoint = original(BACKEND, "create_endpoint")(self, endpoint_name, endpoint_config_name, tags)
+    endpoint.endpoint_status = "Creating"
+    installed_hooks().endpoint_created(self, endpoint)
+    return endpoint
+
+
+def delete_endpoint(self: Any, endpoint_name: str) -> None:
+    """``DeleteEndpoint``: moto's, then the endpoint's containers are stopped."""
+    original(BACKEND, "delete_endpoint")(self, endpoint_name)
+    installed_hooks().endpoint_deleted(self, endpoint_name)
+
+
+def update_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str) -> Any:
+    """``UpdateEndpoint`` (moto has none): ``Updating`` while the new configuration's containers start."""
+    validation_error = _validation_error()
+    endpoint = self.endpoints.get(endpoint_name)
+    if endpoint is None:
+        raise validation_error(f"Could not find endpoint '{endpoint_name}'.")
+    self.describe_endpoint_config(endpoint_config_name)  # raises when it does not exist
+    if endpoint.endpoint_status != "InService":
+        raise validation_error(
+            f'Cannot update in-progress endpoint "{endpoint.arn}" (status {endpoint.endpoint_status}).'
+        )
+    endpoint.endpoint_status = "Updating"
+    endpoint.failure_reason = None
+    installed_hooks().endpoint_updating(self, endpoint, endpoint_config_name)
+    return endpoint
+
+
+def create_endpoint_config(
+    self: Any, endpoint_config_name: str, production_variants: Any, *a: Any, **kw: Any
+) -> Any:
+    """``CreateEndpointConfig``: names and ``RoutingConfig`` checked, then moto's."""
+    _check_name("endpointConfigName", endpoint_config_name)
+    for variant in production_variants or []:
+        _check_name("productionVariants.member.variantName", variant.get("VariantName"))
+        _check_routing(variant)
+    return original(BACKEND, "create_endpoint_config")(
+        self, endpoint_config_name, production_variants, *a, **kw
+    )
+
+
+def update_endpoint_weights_and_capacities(
+    self: Any, endpoint_name: str, desired_weights_and_capacities: list[dict[str, Any]]
+) -> str:
+    """``UpdateEndpointWeightsAndCapacities``: checked as SageMaker does; ``Updating`` until the
+    provisioner has started or stopped the instances (moto only rewrote the counts)."""
+    validation_error = _validation_error()
+    endpoint = self.endpoints.get(endpoint_name)
+    if endpoint is None:
+        raise validation_error(f"Could not find endpoint '{endpoint_name}'.")
+    if endpoint.endpoint_status != "InService":
+        raise validation_error(
+            f'Cannot update in-progress endpoint "{endpoint.arn}" (status {endpoint.endpoint_status}).'
+        )
+    variants = {v["VariantName"]: v for v in endpoint.production_variants}
+    desired: dict[str, dict[str, Any]] = {}
+    for item in desired_weights_and_capacities or []:
+        name = str(item.get("VariantName"))
+        if name in desired:
+            raise validation_error(f'The variant name "{name}" was non-unique within the request.')
+        if name not in variants:
+            raise validation_error(
+                f'The variant name(s) "{name}" is/are not present within endpoint configuration '
+                f'"{endpoint.endpoint_config_name}".'
+            )
+        count = item.get("DesiredInstanceCount")
+        if count is not None and int(count) < 1:
+            raise validation_error(
+                f"DesiredInstanceCount {count} for variant {name}: an endpoint's production variant "
+                "keeps at least one instance (scale to zero is for inference components)"
+            )
+        desired[name] = {k: item[k] for k in ("DesiredWeight", "DesiredInstanceCount") if k in item}
+    for name, change in desired.items():
+        variants[name].update(change)
+    endpoint.endpoint_status = "Updating"
+    installed_hooks().capacity_changing(self, endpoint, desired)
+    return str(endpoint.arn)
+
+
+def create_model(self: Any, *a: Any, **kw: Any) -> Any:
+    """``CreateModel``: the name checked, then moto's."""
+    _check_name("modelName", kw.get("model_name", a[0] if a else None))
+    return original(BACKEND, "create_model")(self, *a, **kw)
+
+
+def update_endpoint_action(self: Any) -> Any:
+    """The ``UpdateEndpoint`` action on moto's response class (moto routes an action to the method)."""
+    from moto.sagemaker.responses import ActionResult
+
+    endpoint = self.sagemaker_backend.update_endpoint(
+        endpoint_name=self._get_param("EndpointName"),
+        endpoint_config_name=self._get_param("EndpointConfigName"),
+    )
+    return ActionResult({"EndpointArn": endpoint.arn})
+
+
+def describe_model(self: Any) -> Any:
+    """``DescribeModel`` without the empty ``VpcConfig`` moto echoes."""
+    return _drop_empty(original(RESPONSE, "describe_model")(self))
+
+
+def describe_endpoint_config(self: Any) -> Any:
+    """``DescribeEndpointConfig`` without the empty ``VpcConfig``/``DataCaptureConfig`` moto echoes."""
+    return _drop_empty(original(RESPONSE, "describe_endpoint_config")(self))
+
+
+def describe_endpoint(self: Any) -> Any:
+    """``DescribeEndpoint`` without the empty ``DataCaptureConfig`` moto echoes."""
+    return _drop_empty(original(RESPONSE, "describe_endpoint")(self))
+
+
+#: every patch of moto's SageMaker this module and :mod:`.component_actions` make
+PATCHES: tuple[Patch, ...] = (
+    Patch(CONFIG, "validate_instance_type", validate_instance_type),
+    Patch(BACKEND, "create_endpoint_config", create_endpoint_config),
+    Patch(BACKEND, "create_model", create_model),
+    Patch(BACKEND, "create_endpoint", create_endpoint),
+    Patch(BACKEND, "delete_endpoint", delete_endpoint),
+    Patch(BACKEND, "update_endpoint", update_endpoint, adds=True),
+    Patch(BACKEND, "update_endpoint_weights_and_capacities", update_endpoint_weights_and_capacities),
+    Patch(RESPONSE, "update_endpoint", update_endpoint_action, adds=True),
+    *component_actions.PATCHES,
+    Patch(RESPONSE, "describe_model", describe_model),
+    Patch(RESPONSE, "describe_endpoint_config", describe_endpoint_config),
+    Patch(RESPONSE, "describe_endpoint", describe_endpoint),
+)
+
+#: the moto attributes the patches (and :func:`finish_update`) use besides those they replace
+REACHES: tuple[Reach, ...] = (
+    Reach("moto.sagemaker.exceptions", ("ValidationError",)),
+    Reach("moto.sagemaker.responses", ("ActionResult",)),
+    Reach("moto.core.utils", ("utcnow",)),
+    Reach(BACKEND, ("describe_endpoint_config",)),
+    Reach(BACKEND, ("endpoints", "region_name", "account_id"), set_in="__init__"),
+    Reach(ENDPOINT, ("_process_production_variants",)),
+    Reach(
+        ENDPOINT,
+        (
+            "arn",
+            "endpoint_status",
+            "failure_reason",
+            "production_variants",
+            "endpoint_config_name",
+            "last_modified_time",
+        ),
+        set_in="__init__",
+    ),
+    Reach(RESPONSE, ("sagemaker_backend", "_get_param")),
+    Reach("moto.core.responses:ActionResult", ("result", "_result"), set_in="__init__"),
+    *component_actions.REACHES,
+)
+
+
+def check_compatible() -> None:
+    """Raise RuntimeError, naming each attribute and the moto version tested, when the installed moto
+    lacks what the patches rely on."""
+    check("lmforge.local.moto_ext", (*patched_reaches(PATCHES), *REACHES))
+
+
 def install(hooks: EndpointHooks) -> None:
     """Apply the patches (idempotent per process; the last ``hooks`` given wins)."""
-    models, responses, validation_error, backend_cls = _moto()
     check_compatible()
-    backend_cls._lmforge_hooks = hooks
-    if getattr(backend_cls, _PATCHED, False):
-        return
-    setattr(backend_cls, _PATCHED, True)
-
-    models.FakeEndpointConfig.validate_instance_type = _validate_instance_type(validation_error)
-
-    original_create = backend_cls.create_endpoint
-    original_delete = backend_cls.delete_endpoint
-
-    def create_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str, tags: Any) -> Any:
-        _check_name(validation_error, "endpointName", endpoint_name)
-        if endpoint_name in self.endpoints:
-            raise validation_error(f'Cannot create already existing endpoint "{endpoint_name}".')
-        endpoint = original_create(self, endpoint_name, endpoint_config_name, tags)
-        endpoint.endpoint_status = "Creating"
-        backend_cls._lmforge_hooks.endpoint_created(self, endpoint)
-        return endpoint
-
-    def delete_endpoint(self: Any, endpoint_name: str) -> None:
-        original_delete(self, endpoint_name)
-        backend_cls._lmforge_hooks.endpoint_deleted(self, endpoint_name)
-
-    def update_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str) -> Any:
-        endpoint = self.endpoints.get(endpoint_name)
-        if endpoint is None:
-            raise validation_error(f"Could not find endpoint '{endpoint_name}'.")
-        self.describe_endpoint_config(endpoint_config_name)  # raises when it does not exist
-        if endpoint.endpoint_status != "InService":
-            raise validation_error(
-                f'Cannot update in-progress endpoint "{endpoint.arn}" (status {endpoint.endpoint_status}).'
-            )
-        endpoint.endpoint_status = "Updating"
-        endpoint.failure_reason = None
-        backend_cls._lmforge_hooks.endpoint_updating(self, endpoint, endpoint_config_name)
-        return endpoint
-
-    original_create_config = backend_cls.create_endpoint_config
-
-    def create_endpoint_config(
-        self: Any, endpoint_config_name: str, production_variants: Any, *a: Any, **kw: Any
-    ) -> Any:
-        _check_name(validation_error, "endpointConfigName", endpoint_config_name)
-        for variant in production_variants or []:
-            _check_name(validation_error, "productionVariants.member.variantName", variant.get("VariantName"))
-            _check_routing(validation_error, variant)
-        return original_create_config(self, endpoint_config_name, production_variants, *a, **kw)
-
-    def update_endpoint_weights_and_capacities(
-        self: Any, endpoint_name: str, desired_weights_and_capacities: list[dict[str, Any]]
-    ) -> str:
-        endpoint = self.endpoints.get(endpoint_name)
-        if endpoint is None:
-            raise validation_error(f"Could not find endpoint '{endpoint_name}'.")
-        if endpoint.endpoint_status != "InService":
-            raise validation_error(
-                f'Cannot update in-progress endpoint "{endpoint.arn}" (status {endpoint.endpoint_status}).'
-            )
-        variants = {v["VariantName"]: v for v in endpoint.production_variants}
-        desired: dict[str, dict[str, Any]] = {}
-        for item in desired_weights_and_capacities or []:
-            name = str(item.get("VariantName"))
-            if name in desired:
-                raise validation_error(f'The variant name "{name}" was non-unique within the request.')
-            if name not in variants:
-                raise validation_error(
-                    f'The variant name(s) "{name}" is/are not present within endpoint configuration '
-                    f'"{endpoint.endpoint_config_name}".'
-                )
-            count = item.get("DesiredInstanceCount")
-            if count is not None and int(count) < 1:
-                raise validation_error(
-                    f"DesiredInstanceCount {count} for variant {name}: an endpoint's production variant "
-                    "keeps at least one instance (scale to zero is for inference components)"
-                )
-            desired[name] = {k: item[k] for k in ("DesiredWeight", "DesiredInstanceCount") if k in item}
-        for name, change in desired.items():
-            variants[name].update(change)
-        endpoint.endpoint_status = "Updating"
-        backend_cls._lmforge_hooks.capacity_changing(self, endpoint, desired)
-        return str(endpoint.arn)
-
-    original_create_model = backend_cls.create_model
-
-    def create_model(self: Any, *a: Any, **kw: Any) -> Any:
-        _check_name(validation_error, "modelName", kw.get("model_name", a[0] if a else None))
-        return original_create_model(self, *a, **kw)
-
-    backend_cls.create_endpoint_config = create_endpoint_config
-    backend_cls.create_model = create_model
-    backend_cls.create_endpoint = create_endpoint
-    backend_cls.delete_endpoint = delete_endpoint
-    backend_cls.update_endpoint = update_endpoint
-    backend_cls.update_endpoint_weights_and_capacities = update_endpoint_weights_and_capacities
-
-    response_cls = responses.SageMakerResponse
-    action_result = responses.ActionResult
-
-    def update_endpoint_action(self: Any) -> Any:
-        endpoint = self.sagemaker_backend.update_endpoint(
-            endpoint_name=self._get_param("EndpointName"),
-            endpoint_config_name=self._get_param("EndpointConfigName"),
-        )
-        return action_result({"EndpointArn": endpoint.arn})
-
-    response_cls.update_endpoint = update_endpoint_action
-    from lmforge.local import inference_components
-
-    inference_components.install(backend_cls, response_cls, action_result, validation_error)
-    for name in ("describe_model", "describe_endpoint_config", "describe_endpoint"):
-        original = getattr(response_cls, name)
-
-        def describe(self: Any, _original: Any = original) -> Any:
-            return _drop_empty(_original(self))
-
-        setattr(response_cls, name, describe)
+    install_hooks(hooks)
+    apply(PATCHES)
 
 
-def _check_routing(validation_error: type[Exception], variant: dict[str, Any]) -> None:
+def _check_routing(variant: dict[str, Any]) -> None:
     from lmforge.local.placements import ROUTING_STRATEGIES
 
     strategy = (variant.get("RoutingConfig") or {}).get("RoutingStrategy")
     if strategy is not None and strategy not in ROUTING_STRATEGIES:
-        raise validation_error(
+        raise _validation_error()(
             f"1 validation error detected: Value '{strategy}' at "
             "'productionVariants.1.member.routingConfig.routingStrategy' failed to satisfy constraint: "
             f"Member must satisfy enum value set: [{', '.join(ROUTING_STRATEGIES)}]"
         )
 
 
-def _check_name(validation_error: type[Exception], field: str, value: object) -> None:
+def _check_name(field: str, value: object) -> None:
     from lmforge.aws.names import name_problem
 
     if problem := name_problem(field, value):
-        raise validation_error(problem)
+        raise _validation_error()(problem)
 
 
 def finish_update(endpoint: Any, backend: Any, endpoint_config_name: str) -> None:
