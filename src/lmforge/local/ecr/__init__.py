@@ -31,7 +31,7 @@ repositories an earlier run created.
 
 Modules: :mod:`.uris` (image URIs), :mod:`.patches` (:func:`install`), :mod:`.backend` and
 :mod:`.responses` (the patched calls), :mod:`.images` (the registry's images, pagination),
-:mod:`.store` (repository persistence), :mod:`.errors` (ECR errors).
+:mod:`.store` (repository persistence), :mod:`.errors` (the registry served from, ECR errors).
 
 Limitations: one registry serves every region and account, by repository name (the same name in two
 regions shares images; :func:`resolve` ignores the region). The registry accepts pushes to any name,

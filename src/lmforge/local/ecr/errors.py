@@ -1,9 +1,11 @@
-"""The registry the patched ECR backend serves from, and the ECR errors the patches raise."""
+"""The registry the patched ECR backend serves from (held here, by lmforge, not on moto's classes),
+and the ECR errors the patches raise."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from lmforge.local.registry import (
@@ -30,18 +32,43 @@ def service_error(code: str, message: str) -> Exception:
     return _error_class()(code, message)
 
 
-def live(backend_cls: Any) -> LocalRegistry | None:
-    """The registry :func:`~lmforge.local.ecr.install` gave ``backend_cls`` (None: moto's own calls)."""
-    registry: LocalRegistry | None = backend_cls._lmforge_registry
-    return registry
+@dataclass
+class Serving:
+    """What the patched ECR serves from: ``registry`` (None: moto's own image calls) and, without one,
+    ``reason`` (why there is none, for ``GetAuthorizationToken``'s error)."""
+
+    registry: LocalRegistry | None = None
+    reason: str | None = None
 
 
-def not_running(backend_cls: Any) -> Exception:
+#: the one the patches read; :func:`serve` replaces it (the last install wins)
+_SERVING = Serving()
+
+
+def serve(registry: LocalRegistry | None, reason: str | None) -> None:
+    """Serve the patched ECR from ``registry`` from now on (``reason``: why there is none)."""
+    global _SERVING
+    _SERVING = Serving(registry, reason)
+
+
+def moto_errors() -> Any:
+    """moto's ECR exceptions module (``ImageNotFoundException`` & co.)."""
+    from moto.ecr import exceptions
+
+    return exceptions
+
+
+def live() -> LocalRegistry | None:
+    """The registry :func:`~lmforge.local.ecr.install` gave (None: moto's own calls)."""
+    return _SERVING.registry
+
+
+def not_running() -> Exception:
     """The ``ServerException`` for a registry that is not running, saying why."""
-    registry: LocalRegistry | None = backend_cls._lmforge_registry
+    registry, reason = _SERVING.registry, _SERVING.reason
     if registry is not None:
         why = f"it stopped (its log: {registry.log_path})"
-    elif reason := backend_cls._lmforge_registry_reason:
+    elif reason:
         why = reason
     elif find_registry_binary() is None:
         why = missing_binary_message()
@@ -50,17 +77,17 @@ def not_running(backend_cls: Any) -> Exception:
     return service_error("ServerException", f"The local ECR registry is not running: {why}")
 
 
-def registry_errors(backend_cls: Any, method: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a registry that does not answer into a ServerException that says so."""
+def registry_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, with a registry that does not answer turned into a ServerException that says so."""
 
+    @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
         except RegistryError as exc:
-            registry = live(backend_cls)
+            registry = live()
             if registry is not None and not registry.running:
-                raise not_running(backend_cls) from exc
+                raise not_running() from exc
             raise service_error("ServerException", f"The local ECR registry failed: {exc}") from exc
 
-    call.__name__ = getattr(method, "__name__", "call")
     return call

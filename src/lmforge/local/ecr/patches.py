@@ -1,52 +1,34 @@
-"""Installing the local ECR into moto: :func:`check_compatible` and :func:`install`."""
+"""Installing the local ECR into moto: :func:`check_compatible` and :func:`install`.
+
+The patches are named functions in :mod:`.backend`, :mod:`.responses` and :mod:`.store`, each listing
+its :class:`~lmforge.local.moto_patch.Patch` es and the moto attributes it reaches into; the registry
+they serve from is held in :mod:`.errors` (:func:`~lmforge.local.ecr.errors.serve`), not on moto's
+classes.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-from lmforge.local.ecr.backend import PATCHED_METHODS, patch_backend
-from lmforge.local.ecr.responses import patch_responses
-from lmforge.local.ecr.store import patch_persistence
+from lmforge.local.ecr import backend, responses, store
+from lmforge.local.ecr.errors import serve
+from lmforge.local.moto_patch import Patch, Reach, apply, check, patched_reaches
 from lmforge.local.registry import LocalRegistry
 
-_PATCHED = "_lmforge_ecr_patched"
+#: every patch of moto's ECR
+PATCHES: tuple[Patch, ...] = (*backend.PATCHES, *responses.PATCHES, *store.PATCHES)
 
-
-def _moto() -> tuple[Any, Any, Any]:
-    from moto.ecr import exceptions, models, responses
-
-    return models, responses, exceptions
+#: every moto attribute the patches use: those they replace and those they call or read
+REACHES: tuple[Reach, ...] = (
+    *patched_reaches(PATCHES),
+    *backend.REACHES,
+    *responses.REACHES,
+    *store.REACHES,
+)
 
 
 def check_compatible() -> None:
-    """Raise RuntimeError when the installed moto lacks what the patches rely on."""
-    models, responses, exceptions = _moto()
-    needed: dict[Any, list[str]] = {
-        models: ["ECRBackend"],
-        models.ECRBackend: ["_get_repository", *PATCHED_METHODS],
-        models.Repository: ["is_tag_immutable"],
-        responses.ECRResponse: ["describe_images", "list_images", "get_authorization_token", "_get_param"],
-        responses: ["ActionResult"],
-        exceptions: [
-            "ImageAlreadyExistsException",
-            "ImageNotFoundException",
-            "InvalidParameterException",
-            "RepositoryNotEmptyException",
-        ],
-    }
-    missing = [
-        f"{getattr(owner, '__name__', owner)}.{name}"
-        for owner, names in needed.items()
-        for name in names
-        if not hasattr(owner, name)
-    ]
-    if missing:
-        import moto
-
-        raise RuntimeError(
-            f"moto {moto.__version__} lacks {', '.join(missing)}; install the version lmforge pins "
-            "(pip install -e '.[local]')"
-        )
+    """Raise RuntimeError, naming each attribute and the moto version tested, when the installed moto
+    lacks what the patches rely on."""
+    check("lmforge.local.ecr", REACHES)
 
 
 def install(registry: LocalRegistry | None, *, unavailable_reason: str | None = None) -> None:
@@ -55,14 +37,6 @@ def install(registry: LocalRegistry | None, *, unavailable_reason: str | None = 
     ``registry`` None: moto's own image calls, and ``GetAuthorizationToken`` fails with
     ``unavailable_reason`` (or a reason found here, such as a missing registry binary).
     """
-    models, responses, exceptions = _moto()
     check_compatible()
-    backend_cls = models.ECRBackend
-    backend_cls._lmforge_registry = registry
-    backend_cls._lmforge_registry_reason = unavailable_reason
-    if getattr(backend_cls, _PATCHED, False):
-        return
-    setattr(backend_cls, _PATCHED, True)
-    patch_backend(backend_cls, exceptions)
-    patch_responses(responses.ECRResponse, responses.ActionResult, backend_cls, exceptions)
-    patch_persistence(backend_cls)
+    serve(registry, unavailable_reason)
+    apply(PATCHES)

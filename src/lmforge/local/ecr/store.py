@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.local.ecr.errors import live
+from lmforge.local.moto_patch import Patch, Reach, original
 from lmforge.local.registry import LocalRegistry
 
 log = logging.getLogger("lmforge.local")
+
+BACKEND = "moto.ecr.models:ECRBackend"
 
 
 def restore_repositories(registry: LocalRegistry) -> int:
@@ -57,25 +60,29 @@ def _record(registry: LocalRegistry, entry: dict[str, str], present: bool) -> No
     tmp.replace(path)
 
 
-def patch_persistence(backend_cls: Any) -> None:
-    """Record created and deleted repositories beside the registry's storage."""
-    create, delete = backend_cls.create_repository, backend_cls.delete_repository
+def create_repository(self: Any, repository_name: str, *args: Any, **kwargs: Any) -> Any:
+    """``CreateRepository``: moto's, and the repository recorded beside the registry's storage."""
+    repo = original(BACKEND, "create_repository")(self, repository_name, *args, **kwargs)
+    if (registry := live()) is not None:
+        value = getattr(repo, "image_tag_mutability", "MUTABLE")
+        mutability = str(getattr(value, "value", value))  # moto keeps an enum
+        entry = {"account": self.account_id, "region": self.region_name, "name": repository_name}
+        _record(registry, {**entry, "mutability": mutability}, present=True)
+    return repo
 
-    def create_repository(self: Any, repository_name: str, *args: Any, **kwargs: Any) -> Any:
-        repo = create(self, repository_name, *args, **kwargs)
-        if (registry := live(backend_cls)) is not None:
-            value = getattr(repo, "image_tag_mutability", "MUTABLE")
-            mutability = str(getattr(value, "value", value))  # moto keeps an enum
-            entry = {"account": self.account_id, "region": self.region_name, "name": repository_name}
-            _record(registry, {**entry, "mutability": mutability}, present=True)
-        return repo
 
-    def delete_repository(self: Any, repository_name: str, *args: Any, **kwargs: Any) -> Any:
-        repo = delete(self, repository_name, *args, **kwargs)
-        if (registry := live(backend_cls)) is not None:
-            entry = {"account": self.account_id, "region": self.region_name, "name": repository_name}
-            _record(registry, entry, present=False)
-        return repo
+def recorded_delete(backend: Any, repository_name: str) -> None:
+    """Drop the record of ``backend``'s repository ``repository_name`` (``DeleteRepository`` succeeded)."""
+    if (registry := live()) is not None:
+        entry = {"account": backend.account_id, "region": backend.region_name, "name": repository_name}
+        _record(registry, entry, present=False)
 
-    backend_cls.create_repository = create_repository
-    backend_cls.delete_repository = delete_repository
+
+#: the ``ECRBackend`` method replaced here (``delete_repository``'s patch, in :mod:`.backend`, records too)
+PATCHES: tuple[Patch, ...] = (Patch(BACKEND, "create_repository", create_repository),)
+
+#: what else of moto the persistence uses
+REACHES: tuple[Reach, ...] = (
+    Reach("moto.ecr.models", ("ecr_backends",)),
+    Reach(BACKEND, ("account_id", "region_name", "repositories"), set_in="__init__"),
+)
