@@ -18,7 +18,8 @@ evaluated by :mod:`lmforge.local.iam_policy`) and :func:`ensure_execution_role` 
 needs. STS calls the SDK makes at a hard-coded regional URL (``sts.REGION.amazonaws.com``, for
 the default bucket's name) cannot be redirected by any server: see examples/sagemaker_sdk_v3.py.
 
-``check_compatible()`` fails loudly when a moto upgrade removes what this relies on.
+``check_compatible()`` fails loudly, naming each attribute and the moto version tested, when a moto
+upgrade removes what this relies on (:data:`REACHES`; see :mod:`lmforge.local.moto_patch`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lmforge.local.iam_policy import Evaluation, Policy, PolicyError, evaluate, parse_policy
-
-#: the moto release this module was written and tested against (the ``local`` extra pins it)
-TESTED_MOTO = "5.2.5"
+from lmforge.local.moto_patch import Patch, Reach, apply, check, patched_reaches
 
 EXECUTION_ROLE_NAME = "lmforge-local"
 EXECUTION_POLICY_NAME = "lmforge-local-execution"
@@ -74,22 +73,48 @@ EXECUTION_POLICY: dict[str, Any] = {
 }
 
 DEFAULT_MAX_ITEMS = 100
-_PATCHED = "_lmforge_simulate_patched"
+RESPONSE = "moto.iam.responses:IamResponse"
 
 
-def _moto() -> tuple[Any, Any, Any, Any]:
-    from moto.core.responses import ActionResult
+def _moto() -> tuple[Any, Any]:
     from moto.iam import exceptions as errors
-    from moto.iam import models, responses
+    from moto.iam import models
 
-    return models, responses, errors, ActionResult
+    return models, errors
 
 
-def check_compatible() -> None:
-    """Raise RuntimeError when the installed moto lacks what this module relies on."""
-    models, responses, errors, _ = _moto()
-    needed = {
-        models.IAMBackend: [
+def simulate_principal_policy_action(self: Any) -> Any:
+    """The ``SimulatePrincipalPolicy`` action on moto's ``IamResponse`` (moto routes the action here)."""
+    from moto.core.responses import ActionResult
+
+    params = {
+        name: self._get_param(name)
+        for name in (
+            "PolicySourceArn",
+            "PolicyInputList",
+            "PermissionsBoundaryPolicyInputList",
+            "ActionNames",
+            "ResourceArns",
+            "ContextEntries",
+            "MaxItems",
+            "Marker",
+        )
+    }
+    return ActionResult(simulate_principal_policy(self.backend, params))
+
+
+#: the action added to moto's IAM
+PATCHES: tuple[Patch, ...] = (
+    Patch(RESPONSE, "simulate_principal_policy", simulate_principal_policy_action, adds=True),
+)
+
+#: the moto attributes this module uses
+REACHES: tuple[Reach, ...] = (
+    Reach(RESPONSE, ("backend", "_get_param")),
+    Reach("moto.core.responses", ("ActionResult",)),
+    Reach(
+        "moto.iam.models:IAMBackend",
+        (
             "get_role",
             "get_user",
             "get_group",
@@ -97,58 +122,37 @@ def check_compatible() -> None:
             "get_policy",
             "create_role",
             "put_role_policy",
-        ],
-        models.ManagedPolicy: ["arn"],
-        responses.IamResponse: ["backend", "_get_param"],
-    }
-    missing = [
-        f"{cls.__name__}.{name}" for cls, names in needed.items() for name in names if not hasattr(cls, name)
-    ]
-    if not hasattr(models, "iam_backends"):
-        missing.append("moto.iam.models.iam_backends")
-    missing += [
-        f"moto.iam.exceptions.{n}" for n in ("NotFoundException", "InvalidInput") if not hasattr(errors, n)
-    ]
-    if missing:
-        import moto
+        ),
+    ),
+    Reach("moto.iam.models", ("iam_backends", "AWSManagedPolicy")),
+    Reach("moto.iam.models:ManagedPolicy", ("arn",)),
+    Reach("moto.iam.models:ManagedPolicy", ("versions",), set_in="__init__"),
+    Reach("moto.iam.models:PolicyVersion", ("document", "is_default"), set_in="__init__"),
+    Reach("moto.iam.models:Role", ("arn",)),
+    Reach("moto.iam.models:Role", ("policies", "managed_policies"), set_in="__init__"),
+    Reach("moto.iam.models:User", ("arn",)),
+    Reach("moto.iam.models:User", ("policies", "managed_policies"), set_in="__init__"),
+    Reach("moto.iam.models:Group", ("arn",)),
+    Reach("moto.iam.models:Group", ("policies", "managed_policies"), set_in="__init__"),
+    Reach("moto.iam.exceptions", ("NotFoundException", "InvalidInput")),
+)
 
-        raise RuntimeError(
-            f"moto {moto.__version__} lacks {', '.join(missing)}; lmforge.local.iam_ext was written for "
-            f"moto {TESTED_MOTO} (pip install -e '.[local]')"
-        )
+
+def check_compatible() -> None:
+    """Raise RuntimeError, naming each attribute and the moto version tested, when the installed moto
+    lacks what this module relies on."""
+    check("lmforge.local.iam_ext", (*patched_reaches(PATCHES), *REACHES))
 
 
 def install() -> None:
     """Answer ``SimulatePrincipalPolicy`` in moto's IAM (idempotent per process)."""
-    _, responses, _, action_result = _moto()
     check_compatible()
-    response_cls = responses.IamResponse
-    if getattr(response_cls, _PATCHED, False):
-        return
-    setattr(response_cls, _PATCHED, True)
-
-    def simulate_principal_policy_action(self: Any) -> Any:
-        params = {
-            name: self._get_param(name)
-            for name in (
-                "PolicySourceArn",
-                "PolicyInputList",
-                "PermissionsBoundaryPolicyInputList",
-                "ActionNames",
-                "ResourceArns",
-                "ContextEntries",
-                "MaxItems",
-                "Marker",
-            )
-        }
-        return action_result(simulate_principal_policy(self.backend, params))
-
-    response_cls.simulate_principal_policy = simulate_principal_policy_action
+    apply(PATCHES)
 
 
 def ensure_execution_role(account_id: str, partition: str = "aws") -> str:
     """Create the local execution role (once) in moto's IAM; its ARN."""
-    models, _, errors, _ = _moto()
+    models, errors = _moto()
     backend = models.iam_backends[account_id][partition]
     try:
         role = backend.get_role(EXECUTION_ROLE_NAME)
@@ -169,7 +173,7 @@ def ensure_execution_role(account_id: str, partition: str = "aws") -> str:
 
 def simulate_principal_policy(backend: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     """``SimulatePrincipalPolicy``'s response for the request ``params`` (botocore's member names)."""
-    _, _, errors, _ = _moto()
+    _, errors = _moto()
     actions = list(params.get("ActionNames") or [])
     if not actions:
         raise errors.InvalidInput("ActionNames must name at least one action.")
@@ -204,7 +208,7 @@ def simulate_principal_policy(backend: Any, params: Mapping[str, Any]) -> dict[s
 
 def principal_policies(backend: Any, arn: str) -> list[Policy]:
     """The identity-based policies of the role, user (with its groups') or group ``arn`` names."""
-    _, _, errors, _ = _moto()
+    _, errors = _moto()
     kind, _, path_name = arn.partition(":iam::")[2].partition(":")[2].partition("/")
     name = path_name.rsplit("/", 1)[-1]
     if not arn.startswith("arn:") or kind not in ("role", "user", "group") or not name:
