@@ -207,18 +207,21 @@ PATCHES: tuple[Patch, ...] = (
     Patch(RESPONSE, "describe_endpoint", describe_endpoint),
 )
 
-#: the moto attributes the patches (and :func:`finish_update`) use besides those they replace
+#: the moto attributes the patches use besides those they replace, and those the hooks they call use
+#: (:func:`finish_update`, the provisioner, scaling and routing read and move moto's endpoints)
 REACHES: tuple[Reach, ...] = (
     Reach("moto.sagemaker.exceptions", ("ValidationError",)),
     Reach("moto.sagemaker.responses", ("ActionResult",)),
+    Reach("moto.sagemaker.models", ("sagemaker_backends",)),
     Reach("moto.core.utils", ("utcnow",)),
-    Reach(BACKEND, ("describe_endpoint_config",)),
+    Reach(BACKEND, ("describe_endpoint_config", "describe_model")),
     Reach(BACKEND, ("endpoints", "region_name", "account_id"), set_in="__init__"),
     Reach(ENDPOINT, ("_process_production_variants",)),
     Reach(
         ENDPOINT,
         (
             "arn",
+            "endpoint_name",
             "endpoint_status",
             "failure_reason",
             "production_variants",
