@@ -70,6 +70,10 @@ class Flavour:
     base_packages: list[str] = field(default_factory=list)
     build_packages: list[str] = field(default_factory=list)
     runtime_packages: list[str] = field(default_factory=list)
+    python_headers: bool = False
+    """The runtime needs the interpreter's C headers (Python.h): torch.compile's Inductor builds C++
+    kernels against them. Installed from Debian (``lib<python>-dev``) when the base image lacks them
+    (python:3.11-slim has them; a base made by ``lmforge container base`` from Debian packages does not)."""
     default_options: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     entrypoint_env: dict[str, str] = field(default_factory=dict)
