@@ -38,7 +38,7 @@ from lmforge.engines.vllm.compile_manifest import (
 CPU = Target(
     vllm="0.32.0",
     torch="2.13.0+cpu",
-    python="3.11",
+    python="3.11.7",
     arch="x86_64",
     device="cpu",
     cpu_flags=("avx2", "avx512f", "avx512_bf16"),
@@ -72,7 +72,7 @@ def test_the_same_start_is_a_hit_and_a_changed_field_is_named() -> None:
     [
         (dataclasses.replace(CPU, vllm="0.33.0"), "vllm: 0.32.0 != 0.33.0"),
         (dataclasses.replace(CPU, torch="2.14.0+cpu"), "torch: 2.13.0+cpu != 2.14.0+cpu"),
-        (dataclasses.replace(CPU, python="3.12"), "python: 3.11 != 3.12"),
+        (dataclasses.replace(CPU, python="3.11.2"), "python: 3.11.7 != 3.11.2"),
         (
             dataclasses.replace(CPU, cpu_flags=("avx2", "avx512f")),
             "cpu_flags: avx512_bf16 != not on this CPU",
@@ -360,3 +360,25 @@ def test_a_start_removes_copies_that_killed_starts_left(tmp_path: Path) -> None:
         (folder / "modelinfos").mkdir(parents=True)
     _remove_stale_copies(tmp_path)
     assert not dead.exists() and alive.exists()
+
+
+def test_compile_in_image_runs_the_images_own_compile_on_the_mounted_folder(tmp_path: Path) -> None:
+    """``lmforge compile --image`` / ``deploy --compile``: the image's lmforge compiles the folder mounted
+    read-write where SageMaker mounts it, as root (it writes into this user's folder), offline, with
+    room in /dev/shm for vLLM's message queues, and with the endpoint's settings."""
+    from lmforge.container.compile_in_image import compile_command
+    from lmforge.container.engine import ContainerEngine
+
+    cmd = compile_command(
+        ContainerEngine("podman", "/x/podman"), "lmforge/vllm-cpu:0.1.0", tmp_path, {"OPTION_DTYPE": "fp32"}
+    )
+    assert cmd[:2] == ["/x/podman", "run"] and cmd[-3:] == [
+        "lmforge/vllm-cpu:0.1.0",
+        "compile",
+        "/opt/ml/model",
+    ]
+    joined = " ".join(cmd)
+    assert f"--volume {tmp_path.resolve()}:/opt/ml/model:rw" in joined
+    assert "--entrypoint /opt/lmforge/bin/lmforge" in joined and "--user 0" in joined
+    assert "--network none" in joined and "--shm-size 2g" in joined and "--env OPTION_DTYPE=fp32" in joined
+    assert "--rm" in cmd

@@ -40,6 +40,8 @@ class CompileRequest:
     as_json: bool
     gpu_arch: str | None
     trtllm_version: str | None
+    image: str | None = None
+    engine: str = "auto"
 
 
 @click.command("compile")
@@ -59,6 +61,14 @@ class CompileRequest:
     "--trtllm-version",
     help="TensorRT-LLM: plan for this release (e.g. 1.2.1, 1.3.0rc29) instead of the installed one.",
 )
+@click.option(
+    "--image",
+    help="vLLM: compile inside this lmforge image (the one the endpoint runs), by the container engine, "
+    "so that the graphs match its vLLM, torch and Python exactly; default: compile on this machine.",
+)
+@click.option(
+    "--engine", type=click.Choice(["auto", "podman", "docker"]), default="auto", help="For --image."
+)
 def compile_command(
     model_dir: Path,
     output: str | None,
@@ -66,6 +76,8 @@ def compile_command(
     as_json: bool,
     gpu_arch: str | None,
     trtllm_version: str | None,
+    image: str | None,
+    engine: str,
 ) -> None:
     """Compile MODEL_DIR ahead of time, by its serving.properties, for the backend that serves it, so
     that serving it starts without compiling.
@@ -74,7 +86,7 @@ def compile_command(
     MODEL_DIR/lmforge-compiled/vllm/ with a manifest (what was compiled, for which vLLM, torch and
     machine); `lmforge serve` checks it at every start. TensorRT-LLM >= 1.3: a ModelOpt-quantized
     checkpoint; <= 1.2: TensorRT engines (--output required)."""
-    request = CompileRequest(model_dir, output, dry_run, as_json, gpu_arch, trtllm_version)
+    request = CompileRequest(model_dir, output, dry_run, as_json, gpu_arch, trtllm_version, image, engine)
     backend = "trtllm" if (gpu_arch or trtllm_version) else _backend_of(model_dir)
     _BACKENDS[backend](request)
 
@@ -141,6 +153,9 @@ def _compile_vllm(request: CompileRequest) -> None:
             if target.resolve() != model_dir.resolve():
                 note(f"copying {model_dir} to {target}")
                 _copy_model(model_dir, target)
+            if request.image is not None:
+                _compile_in_image(request.image, request.engine, target)
+                return
             here = load_config(target)  # the copy's own view (a relative option.model_id follows it)
             config = here.config
             if config.model_path is None:  # a hub id or s3:// prefix: download it as serving would
@@ -158,6 +173,21 @@ def _compile_vllm(request: CompileRequest) -> None:
         _publish(output, build)
     except LmforgeError as exc:
         raise click.ClickException(exc.message) from None
+
+
+def _compile_in_image(image: str, engine_name: str, target: Path) -> None:
+    """``--image``: the image's own ``lmforge compile`` on ``target``, with this shell's ``OPTION_*`` /
+    ``SERVING_*`` settings (what the endpoint's environment would hold)."""
+    import os
+
+    from lmforge.container.compile_in_image import compile_in_image
+    from lmforge.container.engine import EngineError, detect
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(("OPTION_", "SERVING_", "HF_MODEL_ID"))}
+    try:
+        compile_in_image(detect(engine_name), image, target, env=env, progress=note)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _log_to_stderr() -> None:

@@ -161,7 +161,7 @@ def deploy_command(
 
     image_uri = _image(image, resolved.config, instance_type, region, build_image, engine, model_dir)
     if compile_first:
-        _compile_before_packing(model_dir, instance_type, image_uri, environment)
+        _compile_before_packing(model_dir, instance_type, image_uri, environment, engine)
     plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
     health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
     download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
@@ -210,65 +210,49 @@ def deploy_command(
 
 
 def _compile_before_packing(
-    model_dir: Path, instance_type: str, image_uri: str, environment: dict[str, str]
+    model_dir: Path, instance_type: str, image_uri: str, environment: dict[str, str], engine: str | None
 ) -> None:
-    """``--compile``: compile MODEL_DIR in place for vLLM when an artifact compiled here can be a hit on
-    the endpoint (:func:`lmforge.deploy.compile_match.compile_here_problem`), with the configuration
-    the container will read (serving.properties and the ``--env`` variables); else say why not."""
-    from lmforge import __version__
+    """``--compile``: compile MODEL_DIR in place for vLLM, inside the image the endpoint will run (so the
+    graphs match its vLLM, torch and exact Python: :mod:`lmforge.container.compile_in_image`), with
+    the ``--env`` variables, when this machine's CPU or GPU suits the instance type
+    (:func:`lmforge.deploy.compile_match.compile_here_problem`); else say why not."""
     from lmforge.config import ConfigError, load_config
+    from lmforge.container.compile_in_image import compile_in_image
+    from lmforge.container.engine import EngineError, detect
+    from lmforge.container.flavours import image_name
     from lmforge.container.refs import lmforge_flavour_of
     from lmforge.deploy.compile_match import compile_here_problem
-    from lmforge.engines.registry import BackendUnavailableError, select_backend
     from lmforge.engines.vllm.compile_manifest import current_target
-    from lmforge.errors import LmforgeError
 
     skip = "      --compile: not compiling ({}); the endpoint compiles at its first start"
     try:
         resolved = load_config(model_dir, env=environment)
-        backend = select_backend(resolved.config.rolling_batch).name
-    except (ConfigError, BackendUnavailableError) as exc:
-        _echo(skip.format(f"no vLLM here to compile with: {exc}"))
+    except ConfigError as exc:
+        _echo(skip.format(f"invalid configuration: {exc}"))
         return
-    if backend != "vllm":
+    if resolved.config.rolling_batch != "vllm":
+        _echo(skip.format(f"option.rolling_batch={resolved.config.rolling_batch}: only vLLM compiles ahead"))
+        return
+    flavour = lmforge_flavour_of(image_uri)
+    if flavour is None:
         _echo(
-            skip.format(f"option.rolling_batch={resolved.config.rolling_batch} is served by {backend} here")
+            skip.format(f"{image_uri} is not an lmforge image, whose lmforge compile would run the compile")
         )
         return
-    pins: list[str] = []
-    python = None
-    flavour = lmforge_flavour_of(image_uri)
-    if flavour is not None:
-        from lmforge.container.flavours import FlavourError, load_flavour
-
-        try:
-            loaded = load_flavour(flavour)
-            pins, python = list(loaded.pins), loaded.python
-        except FlavourError:
-            pass
-    problem = compile_here_problem(instance_type, current_target(), image_pins=pins, image_python=python)
+    problem = compile_here_problem(instance_type, current_target())
     if problem is not None:
         _echo(skip.format(problem))
         return
-    from lmforge.engines.vllm import compile_run
-
     try:
-        decision = compile_run.decide_here(resolved.config, resolved.extra_options)
-        if decision.status == "hit":
-            _echo(
-                f"      --compile: {model_dir} is compiled for this configuration already ({decision.line()})"
-            )
-            return
-        _echo(f"      --compile: compiling {model_dir} for {instance_type} (was: {decision.line()})")
-        compile_run.compile_folder(
-            resolved.config,
-            resolved.extra_options,
+        compile_in_image(
+            detect(engine),
+            image_name(flavour),
             model_dir,
-            progress=_echo,
-            created_by=f"lmforge {__version__}",
+            env=environment,
+            progress=lambda m: _echo(f"      {m}"),
         )
-    except LmforgeError as exc:
-        raise click.ClickException(f"--compile: {exc.message}") from None
+    except EngineError as exc:
+        raise click.ClickException(f"--compile: {exc}") from None
 
 
 def _autoscale(text: str | None, target: float, instance_count: int, no_wait: bool) -> Any:

@@ -89,6 +89,6 @@ def compile_here_problem(
         pinned = _pinned(image_pins, *names)
         if pinned is not None and pinned != version:
             return f"the image has {label} {pinned} and this machine {version}"
-    if image_python is not None and image_python.removeprefix("python") != here.python:
+    if image_python is not None and image_python.removeprefix("python") != here.python.rsplit(".", 1)[0]:
         return f"the image runs {image_python} and this machine Python {here.python}"
     return None

@@ -19,7 +19,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,7 +141,9 @@ def current_target() -> Target:
     return Target(
         vllm=vllm,
         torch=torch,
-        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        # the exact release: torch refuses a compiled package made by another ("Compile package was
+        # created with a different Python version"), and vLLM then compiles at every start
+        python=platform.python_version(),
         arch=platform.machine(),
         device="cuda" if gpu is not None else "cpu",
         cpu_flags=cpu_flags(),
