@@ -5,7 +5,7 @@ every place a client may name it (SageMaker's adapter headers, LMI's ``adapters`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lmforge.errors import BadRequestError, NotFoundError
 from lmforge.handlers.requests import OPENAI_ROUTES
@@ -114,3 +114,20 @@ class ServedModels:
                 param="adapters",
             )
         return self._adapters.get(name)
+
+    def models(self, created: int) -> dict[str, Any]:
+        """``GET /v1/models``: the served model, then each registered adapter (its parent: the model)."""
+        base = self._engine.model_name
+
+        def entry(name: str, **parent: str) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "lmforge",
+                "root": name,
+                **parent,
+            }
+
+        adapters = self._adapters.all() if self._adapters is not None else []
+        return {"object": "list", "data": [entry(base), *(entry(a.name, parent=base) for a in adapters)]}

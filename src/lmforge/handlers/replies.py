@@ -1,0 +1,98 @@
+"""How a request is answered: one JSON body or a stream (the media type), and the formatter that writes
+it (LMI/TGI, OpenAI chat or completions), from the engine's events."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from lmforge.handlers import formatters as fmt
+from lmforge.handlers import openai_formatters as ofmt
+from lmforge.handlers import streams
+from lmforge.handlers.logprobs import TokenText
+from lmforge.handlers.reply_parsing import ReplyParser
+from lmforge.handlers.requests import OPENAI_ROUTES
+
+if TYPE_CHECKING:
+    from lmforge.config import ServingConfig
+    from lmforge.engines.protocol import CallSyntax, Engine, GenerationEvent
+    from lmforge.handlers.request_common import ParsedRequest
+
+Events = AsyncGenerator["GenerationEvent", None]
+
+
+class Replies:
+    """The answer's shape for the server's configuration and engine (``tokenizer``: the engine's, asked
+    for once the engine has loaded it)."""
+
+    def __init__(self, config: ServingConfig, engine: Engine, tokenizer: Callable[[], Any]) -> None:
+        self._config = config
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._names: TokenText | None = None
+
+    def token_text(self) -> TokenText:
+        """How log-probs name the engine's tokens (built on first use)."""
+        if self._names is None:
+            self._names = TokenText(self._tokenizer())
+        return self._names
+
+    def media_type(self, req: ParsedRequest, accept: str | None, route: str) -> str | None:
+        """The streaming media type, or None for one JSON answer. OpenAI routes stream SSE, as OpenAI
+        clients expect whatever they send as Accept; /invocations follows LMI's rules."""
+        if route in OPENAI_ROUTES:
+            return fmt.SSE if req.stream else None
+        configured = self._config.output_formatter
+        wants_sse = configured == "sse" or "text/event-stream" in (accept or "")
+        if req.stream or configured in ("jsonlines", "sse"):
+            return fmt.SSE if wants_sse else fmt.JSONLINES
+        return None
+
+    async def collect(
+        self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events
+    ) -> dict[str, Any]:
+        """One JSON answer from every event."""
+        collected = await streams.drain(first, events, req.openai)
+        if req.openai:
+            return self.openai(req, served).final_json(collected)
+        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+        for event in collected:
+            lmi.add(event)
+        return lmi.final_json(collected[-1])
+
+    def stream(
+        self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events, media: str
+    ) -> AsyncIterator[bytes]:
+        """The answer's frames as the events come."""
+        if req.openai:
+            openai = self.openai(req, served)
+            return streams.frames(first, events, media, openai.stream_frame, openai.trailer)
+        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+        return streams.frames(first, events, media, lmi.stream_frame, None)
+
+    def openai(self, req: ParsedRequest, model: str) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
+        """The OpenAI formatter for ``req`` (``model``: the name the answer gives)."""
+        token_text = self.token_text()
+        if req.chat:
+            name = self._config.tool_call_parser if req.auto_tools else None
+            tools: str | CallSyntax | None = name
+            syntax = getattr(self._engine, "tool_call_syntax", None)
+            if name is not None and syntax is not None:
+                tools = syntax(name, req.tools or []) or name
+            reasoning = self._config.reasoning_parser
+            parse = (tools or reasoning) and req.tool_mode is None
+            return ofmt.ChatFormatter(
+                model,
+                logprobs=req.logprobs,
+                include_usage=req.include_usage,
+                tool_mode=req.tool_mode,
+                reply=ReplyParser(reasoning, tools) if parse else None,
+                token_text=token_text,
+            )
+        echo = None
+        if req.echo:  # the prompt's text: as sent, or its token ids decoded
+            ids = req.prompt_ids
+            echo = req.prompt if ids is None else "".join(token_text.pieces(ids))
+        return ofmt.CompletionFormatter(
+            model, logprobs=req.logprobs, include_usage=req.include_usage, echo=echo, token_text=token_text
+        )
