@@ -86,6 +86,7 @@ EXTERNAL = (
         "vLLM start uncompiled / from lmforge compile's artifact, empty caches, SmolLM2-135M: <= 30 %",
     ),
     ("cold_start", "cold-start-compiled", 3.33, "the same on the tiny model"),
+    ("scale_out", "scale-out-smollm2-135m", None, ""),
     ("images", "images", 1.0, "image size, rebuild and start goals / measured, worst"),
 )
 
@@ -689,6 +690,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
 .venv/bin/python bench/routing.py            # 2 instances on the local SageMaker: RANDOM vs least outstanding
 .venv/bin/python bench/lm_eval_parity.py     # lm-eval through lmforge (LMI-Dist, vLLM) vs lm-eval's hf model
+.venv/bin/python bench/scale_out.py --model smollm2-135m  # endpoint start and 1->2, compiled or not
 make bench-real                              # engines, frontend overhead, batching on SmolLM2-135M
 python bench/gpu_smoke.py bench/results/lmi-dist-gpu-smoke.json  # on a GPU machine
 python bench/gpu_roofline.py                 # on a GPU machine
