@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -30,22 +31,21 @@ def dumps(obj: Any) -> str:
     return _ENCODER.encode(obj)
 
 
-_INF = float("inf")
-
-
-def _lp(value: float) -> float | None:
-    return value if value == value and value not in (float("inf"), float("-inf")) else None
+def json_logprob(value: float) -> float | None:
+    """A log-prob for JSON (the one conversion every answer uses): NaN and infinities (unknown,
+    impossible) become null."""
+    return value if math.isfinite(value) else None
 
 
 def token_dict(token: Token) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": _lp(token.log_prob)}
+    out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": json_logprob(token.log_prob)}
     if token.special:
         out["special_token"] = True
     return out
 
 
 def _top_dicts(token: Token) -> list[dict[str, Any]]:
-    return [{"id": i, "text": t, "log_prob": _lp(lp)} for i, t, lp in token.top_logprobs or []]
+    return [{"id": i, "text": t, "log_prob": json_logprob(lp)} for i, t, lp in token.top_logprobs or []]
 
 
 def frame(obj: Any, media_type: str) -> bytes:
@@ -107,8 +107,8 @@ class LmiFormatter:
             return frame(self.stream_line(event), media_type)
         self.tokens.append(token)
         self.text_parts.append(token.text)
-        lp = token.log_prob
-        lp_text = float.__repr__(lp) if lp == lp and lp not in (_INF, -_INF) else "null"
+        lp = json_logprob(token.log_prob)
+        lp_text = "null" if lp is None else float.__repr__(lp)
         line = (
             f'{{"token":{{"id":{token.id},"text":{encode_basestring(token.text)},"log_prob":{lp_text}}},'
             '"generated_text":null,"details":null}'

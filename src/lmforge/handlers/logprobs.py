@@ -18,20 +18,16 @@ the token. OpenAI answers with the token's own bytes instead, and so does lmforg
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import TYPE_CHECKING, Any
+
+from lmforge.handlers.formatters import json_logprob
 
 if TYPE_CHECKING:
     from lmforge.engines.protocol import Token
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _METASPACE = "\u2581"
-
-
-def _lp(value: float) -> float | None:
-    """A log-prob for JSON: NaN and infinities (unknown, impossible) become null."""
-    return value if not (math.isnan(value) or math.isinf(value)) else None
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -131,10 +127,10 @@ class TokenText:
         raw = self.raw(token.id, token.text)
         return {
             "token": self.name(token.id, token.text),
-            "logprob": _lp(token.log_prob),
+            "logprob": json_logprob(token.log_prob),
             "bytes": list(raw),
             "top_logprobs": [
-                {"token": self.name(t, text), "logprob": _lp(lp), "bytes": list(self.raw(t, text))}
+                {"token": self.name(t, text), "logprob": json_logprob(lp), "bytes": list(self.raw(t, text))}
                 for t, text, lp in token.top_logprobs or []
             ],
         }
@@ -147,7 +143,7 @@ class TokenText:
         out: dict[str, float | None] = {}
         for t, text, lp in token.top_logprobs or []:
             key = self.name(t, text)
-            out[f"token_id:{t}" if key in out else key] = _lp(lp)
+            out[f"token_id:{t}" if key in out else key] = json_logprob(lp)
         return out
 
     def completion_logprobs(
@@ -162,7 +158,7 @@ class TokenText:
         return {
             "tokens": [self.name(t.id, t.text) for t in tokens],
             "token_logprobs": [
-                None if first_unscored and i == 0 else _lp(t.log_prob) for i, t in enumerate(tokens)
+                None if first_unscored and i == 0 else json_logprob(t.log_prob) for i, t in enumerate(tokens)
             ],
             "top_logprobs": top,
             "text_offset": offsets,
