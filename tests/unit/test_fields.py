@@ -10,14 +10,14 @@ from lmforge.config import ServingConfig
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FieldError, RequestField
 from lmforge.handlers.fields import NAMES, client_name, in_client_terms
-from lmforge.handlers.requests import parse_request
+from lmforge.handlers.requests import parse_request, route_schema
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
 def parsed(route: str, **body: Any) -> Any:
-    return parse_request(body, default_max_new_tokens=16, route=route)
+    return parse_request(body, default_max_new_tokens=16, schema=route_schema(route))
 
 
 LMI = parsed("/invocations", inputs="x")

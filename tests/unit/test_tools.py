@@ -19,7 +19,7 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
 def chat(**body: Any) -> Any:
-    return parse_request({"messages": USER, **body}, default_max_new_tokens=16, route="/v1/chat/completions")
+    return parse_request({"messages": USER, **body}, default_max_new_tokens=16, schema="chat")
 
 
 def test_response_format_becomes_the_engines_grammar() -> None:
@@ -35,7 +35,7 @@ def test_response_format_becomes_the_engines_grammar() -> None:
     assert chat(tools=[WEATHER], tool_choice="required").structured_field == "tools"
     # the completions route takes it too
     done = parse_request(
-        {"prompt": "x", "response_format": fmt_}, default_max_new_tokens=16, route="/v1/completions"
+        {"prompt": "x", "response_format": fmt_}, default_max_new_tokens=16, schema="completion"
     )
     assert done.params.structured == s
 
@@ -114,14 +114,12 @@ def test_history_with_tool_calls_is_rendered_with_arguments_as_objects() -> None
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "21"},
     ]
-    req = parse_request({"messages": messages}, default_max_new_tokens=8, route="/v1/chat/completions")
+    req = parse_request({"messages": messages}, default_max_new_tokens=8, schema="chat")
     assert req.messages is not None
     assert req.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}
     assert req.messages[2] == {"role": "tool", "content": "21", "tool_call_id": "c1"}
     with pytest.raises(BadRequestError) as err:
-        parse_request(
-            {"messages": [{"role": "user"}]}, default_max_new_tokens=8, route="/v1/chat/completions"
-        )
+        parse_request({"messages": [{"role": "user"}]}, default_max_new_tokens=8, schema="chat")
     assert err.value.param == "messages.0.content"
 
 

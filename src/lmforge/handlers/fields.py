@@ -79,7 +79,7 @@ def client_name(field: RequestField, req: ParsedRequest) -> str | None:
     if field is RequestField.MAX_NEW_TOKENS:
         return req.length_field
     if field is RequestField.STRUCTURED:
-        return req.structured_field if req.openai else None
+        return req.structured_field if req.openai_body else None
     name = NAMES[req.api][field]
     if field is RequestField.PROMPT and req.prompt_index is not None:
         return f"{name}.{req.prompt_index}"  # one of a list of prompts

@@ -11,7 +11,6 @@ from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers import streams
 from lmforge.handlers.logprobs import TokenText
 from lmforge.handlers.reply_parsing import ReplyParser
-from lmforge.handlers.requests import OPENAI_ROUTES
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
@@ -37,10 +36,10 @@ class Replies:
             self._names = TokenText(self._tokenizer())
         return self._names
 
-    def media_type(self, req: ParsedRequest, accept: str | None, route: str) -> str | None:
+    def media_type(self, req: ParsedRequest, accept: str | None, openai_route: bool) -> str | None:
         """The streaming media type, or None for one JSON answer. OpenAI routes stream SSE, as OpenAI
         clients expect whatever they send as Accept; /invocations follows LMI's rules."""
-        if route in OPENAI_ROUTES:
+        if openai_route:
             return fmt.SSE if req.stream else None
         configured = self._config.output_formatter
         wants_sse = configured == "sse" or "text/event-stream" in (accept or "")
@@ -52,8 +51,8 @@ class Replies:
         self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events
     ) -> dict[str, Any]:
         """One JSON answer from every event."""
-        collected = await streams.drain(first, events, req.openai)
-        if req.openai:
+        collected = await streams.drain(first, events, req.openai_body)
+        if req.openai_body:
             return self.openai(req, served).final_json(collected)
         lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
         for event in collected:
@@ -64,7 +63,7 @@ class Replies:
         self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events, media: str
     ) -> AsyncIterator[bytes]:
         """The answer's frames as the events come."""
-        if req.openai:
+        if req.openai_body:
             openai = self.openai(req, served)
             return streams.frames(first, events, media, openai.stream_frame, openai.trailer)
         lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)

@@ -100,8 +100,9 @@ class ParsedRequest:
         return self.api == "chat"
 
     @property
-    def openai(self) -> bool:
-        """An OpenAI body (chat or completions): its ``model`` names the served model or an adapter."""
+    def openai_body(self) -> bool:
+        """An OpenAI body (chat or completions), whichever route it came on: its ``model`` names the
+        served model or an adapter, and it is answered in OpenAI's shapes."""
         return self.api != "lmi"
 
 

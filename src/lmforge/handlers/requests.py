@@ -18,6 +18,7 @@ from lmforge.handlers import openai_api
 from lmforge.handlers.request_common import (
     MAX_TOP_N,
     STRICT,
+    Api,
     ParsedRequest,
     PositiveInt,
     StopList,
@@ -29,10 +30,20 @@ from lmforge.handlers.request_common import (
 
 __all__ = ["ParsedRequest", "parse_body", "parse_request"]
 
-#: the OpenAI routes; /invocations takes any of the schemas
 CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
-OPENAI_ROUTES = (CHAT_ROUTE, COMPLETIONS_ROUTE)
+#: The invocation routes and the body schema each takes: OpenAI's on its own routes; None on
+#: /invocations, which takes any schema and is read by its body. The one place the API is decided.
+ROUTE_SCHEMAS: dict[str, Api | None] = {
+    "/invocations": None,
+    CHAT_ROUTE: "chat",
+    COMPLETIONS_ROUTE: "completion",
+}
+
+
+def route_schema(route: str) -> Api | None:
+    """The body schema ``route`` takes (None: any, by the body); an unknown route takes any too."""
+    return ROUTE_SCHEMAS.get(route)
 
 
 class _Neutral(BaseModel):
@@ -80,16 +91,16 @@ def parse_request(
     body: dict[str, Any],
     *,
     default_max_new_tokens: int,
-    route: str = "/invocations",
+    schema: Api | None = None,
     auto_tools: bool = False,
 ) -> ParsedRequest:
-    """The request in ``body``: the route's schema on an OpenAI route; on ``/invocations`` chat when
-    it has ``messages``, completions when it has ``prompt``, else LMI."""
-    if route == CHAT_ROUTE or (route != COMPLETIONS_ROUTE and "messages" in body):
+    """The request in ``body``: ``schema`` when its route takes one (:func:`route_schema`); else (on
+    ``/invocations``) chat when it has ``messages``, completions when it has ``prompt``, else LMI."""
+    if schema == "chat" or (schema is None and "messages" in body):
         if "messages" not in body:
             raise BadRequestError(f"{CHAT_ROUTE} needs 'messages'", param="messages")
         return openai_api.parse_chat(body, default_max_new_tokens, auto_tools)
-    if route == COMPLETIONS_ROUTE or ("prompt" in body and "inputs" not in body):
+    if schema == "completion" or ("prompt" in body and "inputs" not in body):
         return openai_api.parse_completion(body)
     return _parse_lmi(body, default_max_new_tokens)
 

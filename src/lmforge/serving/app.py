@@ -30,6 +30,7 @@ from lmforge.errors import (
     classify,
 )
 from lmforge.handlers.io import Input, Output
+from lmforge.handlers.requests import ROUTE_SCHEMAS
 from lmforge.serving import adapters_api, asgi, bidi, sessions
 from lmforge.serving.state import Phase, ServerState
 
@@ -43,7 +44,7 @@ RETRY_AFTER_S = 1
 #: ``/ping`` says 503 and why) before it exits non-zero, so that its container is replaced
 ENGINE_DEATH_EXIT_AFTER_S = 5.0
 _HEALTH_EVERY_S = 0.5
-INVOCATION_PATHS = ("/invocations", "/v1/chat/completions", "/v1/completions")
+INVOCATION_PATHS = tuple(ROUTE_SCHEMAS)
 MODELS_PATH = "/v1/models"
 #: paths under it answer errors in OpenAI's shape (``{"error": {...}}``)
 OPENAI_PREFIX = "/v1/"
