@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from lmforge.local.ecr.errors import live, moto_errors, registry_errors, service_error
@@ -81,6 +82,19 @@ def describe_images(
     return found
 
 
+def _found(
+    images: list[RegistryImage], image_ids: list[dict[str, str]] | None, failures: list[Any]
+) -> Iterator[tuple[dict[str, str], RegistryImage]]:
+    """Each of ``image_ids`` with the image it names; a ``failures`` entry (ECR's shape) for each that
+    names none."""
+    for image_id in image_ids or []:
+        image, code = find(images, image_id)
+        if image is None:
+            failures.append(failure(image_id, code))
+        else:
+            yield image_id, image
+
+
 def batch_get_image(
     self: Any,
     repository_name: str,
@@ -94,11 +108,7 @@ def batch_get_image(
     repo = self._get_repository(repository_name, registry_id)
     images = registry_images(registry, repo)
     response: dict[str, list[Any]] = {"images": [], "failures": []}
-    for image_id in image_ids or []:
-        image, code = find(images, image_id)
-        if image is None:
-            response["failures"].append(failure(image_id, code))
-            continue
+    for image_id, image in _found(images, image_ids, response["failures"]):
         requested = {"imageDigest": image.image_digest}
         if image_id.get("imageTag"):
             requested["imageTag"] = image_id["imageTag"]
@@ -127,11 +137,7 @@ def batch_delete_image(
     repo = self._get_repository(repository_name, registry_id)
     images = registry_images(registry, repo)
     response: dict[str, list[Any]] = {"imageIds": [], "failures": []}
-    for image_id in image_ids or []:
-        image, code = find(images, image_id)
-        if image is None:
-            response["failures"].append(failure(image_id, code))
-            continue
+    for image_id, image in _found(images, image_ids, response["failures"]):
         tag = image_id.get("imageTag")
         if tag and not image_id.get("imageDigest") and len(image.image_tags) > 1:
             registry.untag(repo.name, tag)  # ECR removes just this tag
