@@ -76,6 +76,28 @@ def _cpu(prefix: str, rows: tuple[tuple[str, float, int], ...]) -> tuple[Instanc
     )
 
 
+#: vCPUs per size of the 6th (Ice Lake) and 7th (Sapphire Rapids) generation CPU families
+_SIZES_6I = (
+    ("large", 2),
+    ("xlarge", 4),
+    ("2xlarge", 8),
+    ("4xlarge", 16),
+    ("8xlarge", 32),
+    ("12xlarge", 48),
+    ("16xlarge", 64),
+    ("24xlarge", 96),
+    ("32xlarge", 128),
+)
+_SIZES_7I = (*_SIZES_6I[:-1], ("48xlarge", 192))
+_GIB_PER_VCPU = (("m", 4), ("c", 2), ("r", 8))
+
+
+def _cpu_family(
+    prefix: str, sizes: tuple[tuple[str, int], ...], gib_per_vcpu: int
+) -> tuple[InstanceType, ...]:
+    return _cpu(prefix, tuple((size, float(vcpus * gib_per_vcpu), vcpus) for size, vcpus in sizes))
+
+
 # g5 (A10G), g6 (L4) share one layout; g6e (L40S) doubles the host memory.
 _G5_G6_LAYOUT: tuple[tuple[str, int, float, int], ...] = (
     ("xlarge", 1, 16, 4),
@@ -157,19 +179,20 @@ INSTANCES: tuple[InstanceType, ...] = (
         ),
     ),
     *_cpu(
-        "m6i",
+        "r5",
         (
-            ("large", 8, 2),
-            ("xlarge", 16, 4),
-            ("2xlarge", 32, 8),
-            ("4xlarge", 64, 16),
-            ("8xlarge", 128, 32),
-            ("12xlarge", 192, 48),
-            ("16xlarge", 256, 64),
-            ("24xlarge", 384, 96),
-            ("32xlarge", 512, 128),
+            ("large", 16, 2),
+            ("xlarge", 32, 4),
+            ("2xlarge", 64, 8),
+            ("4xlarge", 128, 16),
+            ("12xlarge", 384, 48),
+            ("24xlarge", 768, 96),
         ),
     ),
+    # general purpose (m: 4 GiB per vCPU), compute (c: 2) and memory (r: 8) families of one generation
+    # share their sizes
+    *(i for kind, gib in _GIB_PER_VCPU for i in _cpu_family(f"{kind}6i", _SIZES_6I, gib)),
+    *(i for kind, gib in _GIB_PER_VCPU for i in _cpu_family(f"{kind}7i", _SIZES_7I, gib)),
 )
 
 _BY_NAME: dict[str, InstanceType] = {i.name: i for i in INSTANCES}
@@ -200,5 +223,5 @@ def get_instance(name: str) -> InstanceType:
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise ValueError(
         f"unknown instance type {name!r}{hint} (known: ml.g4dn, g5, g6, g6e, p3, p4d, p4de, p5, p5e, "
-        "p5en, inf2, trn1, m5, c5 and m6i sizes)"
+        "p5en, inf2, trn1, m5, c5, r5, m6i, c6i, r6i, m7i, c7i and r7i sizes)"
     )
