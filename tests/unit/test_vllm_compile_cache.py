@@ -282,6 +282,10 @@ def test_required_refuses_a_miss_naming_the_field_and_auto_compiles_just_in_time
 def test_deploy_compiles_only_where_the_instance_can_use_it() -> None:
     ice_lake = dataclasses.replace(CPU, cpu_flags=("avx2", "avx512f", "avx512_vnni"))
     assert compile_here_problem("ml.m6i.xlarge", ice_lake) is None
+    # a Sapphire Rapids family (in the instance catalog) takes what an AVX-512 BF16 CPU compiled
+    zen4_like = dataclasses.replace(ice_lake, cpu_flags=(*ice_lake.cpu_flags, "avx512_bf16"))
+    assert compile_here_problem("ml.m7i.xlarge", zen4_like) is None
+    assert "avx512_bf16" in str(compile_here_problem("ml.m6i.xlarge", zen4_like))
     assert compile_here_problem("ml.m5.xlarge", ice_lake) == (
         "this CPU has avx512_vnni, which not every ml.m5.xlarge processor has: kernels compiled here could "
         "fault there"
