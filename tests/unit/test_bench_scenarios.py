@@ -119,7 +119,7 @@ def test_stream_frame_is_byte_identical_to_the_encoded_dict(media: str) -> None:
     "token",
     [
         Token(1, "a", -0.5, special=True),
-        Token(1, "a", -0.5, top_logprobs=[(2, "b", -1.0)]),
+        Token(1, "a", -0.5, top_logprobs=[(2, -1.0)]),
         Token(True, "a", -0.5),  # not a plain int: the dict path decides
         Token(1, "a", 0),  # an int log-prob: the dict path writes it as json does
     ],

@@ -163,8 +163,17 @@ def test_token_text_names_sentencepiece_byte_fallback_tokens_by_their_bytes() ->
     text = TokenText(tok)
     assert [text.raw(i) for i in (2, 3, 4, 5)] == [b" hello", b"\xf0", b"\x9f", "\u00e9".encode()]
     assert [text.name(i) for i in (1, 2, 3, 5)] == ["<s>", " hello", "bytes:\\xf0", "\u00e9"]
-    entry = text.chat_entry(Token(3, "", -1.0, top_logprobs=[(4, "\ufffd", -2.0), (2, " hello", -3.0)]))
+    entry = text.chat_entry(Token(3, "", -1.0, top_logprobs=[(4, -2.0), (2, -3.0)]))
     assert entry["bytes"] == [0xF0] and [t["bytes"] for t in entry["top_logprobs"]] == [
         [0x9F],
         list(b" hello"),
+    ]
+    # LMI's top_tokens give an alternative's text as the token decoded alone (U+FFFD for a lone byte)
+    lmi = fmt.LmiFormatter("p", details=False, return_full_text=False, names=text)
+    line = lmi.stream_line(
+        GenerationEvent(Token(2, " hello", -1.0, top_logprobs=[(3, -2.0), (2, -3.0)]), 1, 1)
+    )
+    assert line["top_tokens"] == [
+        {"id": 3, "text": tok.decode([3]), "log_prob": -2.0},
+        {"id": 2, "text": tok.decode([2]), "log_prob": -3.0},
     ]

@@ -249,13 +249,11 @@ def test_repetition_penalty_changes_greedy_output(
 
 
 def test_top_n_logprobs(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> None:
-    events = loop.run_until_complete(
-        collect(engine, "top", SamplingParams(max_new_tokens=5, top_n_logprobs=3))
-    )
+    events = loop.run_until_complete(collect(engine, "top", SamplingParams(max_new_tokens=5, top_n=3)))
     for e in events:
         assert e.token is not None and e.token.top_logprobs is not None
         assert len(e.token.top_logprobs) == 3
-        best_id, _, best_lp = e.token.top_logprobs[0]
+        best_id, best_lp = e.token.top_logprobs[0]
         assert best_id == e.token.id  # greedy picks the most likely token
         assert best_lp == pytest.approx(e.token.log_prob)
 
@@ -331,7 +329,7 @@ def test_structured_output_constrains_only_its_own_rows(
         }
     )
     constrained = SamplingParams(max_new_tokens=24, structured=StructuredOutput("json_schema", schema))
-    free = SamplingParams(max_new_tokens=24, ignore_eos=True, top_n_logprobs=1)
+    free = SamplingParams(max_new_tokens=24, ignore_eos=True, top_n=1)
     alone = loop.run_until_complete(collect(engine, "alone", free))
 
     async def mixed() -> list[list[GenerationEvent]]:
@@ -420,7 +418,7 @@ def test_prompt_logprobs_score_the_prompt_as_the_batch_scored_its_tokens(
     """echo with logprobs: the prompt's log-probs come from a plain forward pass beside the running
     batch. Scoring prompt + the greedy reply must give back the log-probs (and, greedy, the top
     alternative) the batching loop's sampler recorded for that reply."""
-    greedy = SamplingParams(max_new_tokens=6, top_n_logprobs=2, ignore_eos=True)
+    greedy = SamplingParams(max_new_tokens=6, top_n=2, ignore_eos=True)
     ids = engine.tokenizer.encode("def fibonacci(n):")
     reply = loop.run_until_complete(collect(engine, "g", greedy, prompt=ids))
     tokens = [e.token for e in reply if e.token is not None]

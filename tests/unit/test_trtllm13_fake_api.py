@@ -105,7 +105,7 @@ def test_lmforge_passes_recorded_names_only(api: Any, tmp_path: Path) -> None:
     engine = TrtllmPytorchEngine(ServingConfig(model_dir=tmp_path), api=api)
     asked = SamplingParams(
         max_new_tokens=4, do_sample=True, min_new_tokens=2, presence_penalty=0.5, frequency_penalty=0.5,
-        min_p=0.1, stop_token_ids=(7,), top_n_logprobs=2, top_k=5,
+        min_p=0.1, stop_token_ids=(7,), top_n=2, top_k=5,
     )  # fmt: skip
     made = engine._sampling_params(asked)
     assert (made.min_tokens, made.stop_token_ids, made.min_p, made.logprobs) == (2, [7], 0.1, 2)

@@ -1,12 +1,14 @@
 """What every lmforge engine shares: its configuration, the ``option.*`` keys it may take, the
-tokenizer, the served model name, the request counters behind ``/metrics`` (:meth:`EngineBase._stats`),
-and the start of every request (:meth:`EngineBase.prepare`)."""
+tokenizer, the served model name, and the frame of every request (:meth:`EngineBase.generate`: its
+checks, :meth:`EngineBase.prepare`, and the request counters behind ``/metrics``); an engine writes
+only its own part, :meth:`EngineBase._generate`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -15,7 +17,7 @@ from lmforge.engines.protocol import EngineStats
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
-    from lmforge.engines.protocol import CallSyntax, GenerationRequest, SamplingParams
+    from lmforge.engines.protocol import CallSyntax, GenerationEvent, GenerationRequest, SamplingParams
 
 
 class RequestCounters(TypedDict):
@@ -58,6 +60,35 @@ class EngineBase:
             healthy=healthy,
             extra=dict(extra or {}),
         )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """One request's events: :meth:`prepare`, then the engine's own :meth:`_generate`, counted for
+        ``/metrics`` here, once for every engine. A stream its caller closes before the final event
+        (a client that went away) is aborted; a refusal raised to the caller is not."""
+        params = self.prepare(request)
+        counters = self._counters
+        counters["requests_total"] += 1
+        ended = False
+        try:
+            async with contextlib.aclosing(self._generate(request, params)) as events:
+                async for event in events:
+                    if event.token is not None:
+                        counters["tokens_total"] += 1
+                    ended = event.finish_reason is not None
+                    yield event
+        except Exception:
+            ended = True
+            raise
+        finally:
+            if not ended:
+                counters["aborted_total"] += 1
+
+    def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """The engine's part of :meth:`generate`: ``request`` run with ``params`` (from :meth:`prepare`),
+        its events up to one with a ``finish_reason``. Closing it early stops the request."""
+        raise NotImplementedError
 
     def prepare(self, request: GenerationRequest) -> SamplingParams:
         """What every engine does first with a request: refuse it when the engine cannot serve, give

@@ -56,7 +56,7 @@ class RequestField(enum.StrEnum):
     PRESENCE_PENALTY = "presence_penalty"
     FREQUENCY_PENALTY = "frequency_penalty"
     SEED = "seed"
-    TOP_N_LOGPROBS = "top_n_logprobs"
+    TOP_N = "top_n"
     PROMPT_LOGPROBS = "prompt_logprobs"
     LOGIT_BIAS = "logit_bias"
     STOP_TOKEN_IDS = "stop_token_ids"
@@ -104,7 +104,7 @@ class EngineStats:
     aborted_total: int
     """Requests whose stream was closed before its final event (a client that went away)."""
     tokens_total: int
-    """Tokens generated."""
+    """Tokens generated and sent (those after a stop string are not)."""
     healthy: bool
     extra: Mapping[str, float] = field(default_factory=dict)
     """An engine's own gauges and counters (LMI-Dist's LoRA slots: ``lora_resident``, ...); a name that
@@ -147,7 +147,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     """Stop strings; the text is cut before the first match and the match is not returned."""
-    top_n_logprobs: int = 0
+    top_n: int = 0
     """How many alternative tokens (with log-probs) to report per generated token."""
     ignore_eos: bool = False
     logprobs: bool = True
@@ -190,7 +190,9 @@ class Token:
     text: str
     log_prob: float
     special: bool = False
-    top_logprobs: list[tuple[int, str, float]] | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    """The most likely alternatives as (id, log-prob), when the request asked for them: ids only, the
+    handler layer names them as its API does (:class:`lmforge.handlers.logprobs.TokenText`)."""
 
 
 @dataclass(slots=True)

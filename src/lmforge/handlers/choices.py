@@ -42,7 +42,7 @@ async def answer_choices(
     replies: Replies,
     generate: Generate,
     n: int,
-    served: str,
+    model_name: str,
     requests: list[tuple[ParsedRequest, GenerationRequest]],
     media: str | None,
 ) -> Output:
@@ -59,7 +59,7 @@ async def answer_choices(
                 raise in_client_terms(err, each) from None
             raise err
     starts = [f for f in firsts if isinstance(f, GenerationEvent)]
-    formatters = [replies.openai(each, served) for each, _ in choices]
+    formatters = [replies.openai(each, model_name) for each, _ in choices]
     for i, formatter in enumerate(formatters):
         formatter.index, formatter.id, formatter.created = i, formatters[0].id, formatters[0].created
     out = Output()

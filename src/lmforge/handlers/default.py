@@ -92,17 +92,19 @@ class DefaultHandler:
             for each, ids in prompts
         ]
         if len(requests) > 1 or req.n > 1:
-            return await answer_choices(self.replies, self._generate, req.n, served.name, requests, media)
+            return await answer_choices(
+                self.replies, self._generate, req.n, served.model_name, requests, media
+            )
         req, request = requests[0]
         events = self._generate(request, req)
         first = await _first_event(events, req)
         out = Output()
         if media is None:
             async with contextlib.aclosing(events):
-                return out.add_as_json(await self.replies.collect(req, served.name, first, events))
+                return out.add_as_json(await self.replies.collect(req, served.model_name, first, events))
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(self.replies.stream(req, served.name, first, events, media))
+        return out.add_stream_content(self.replies.stream(req, served.model_name, first, events, media))
 
     def _generate(
         self, request: GenerationRequest, req: ParsedRequest

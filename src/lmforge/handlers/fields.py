@@ -48,7 +48,7 @@ NAMES: Mapping[Api, Mapping[RequestField, str | None]] = {
         F.TOP_P: "parameters.top_p",
         F.REPETITION_PENALTY: "parameters.repetition_penalty",
         F.SEED: "parameters.seed",
-        F.TOP_N_LOGPROBS: "parameters.top_n_tokens",
+        F.TOP_N: "parameters.top_n_tokens",
         F.PARAMS: "parameters",
         # not in LMI's schema: an LMI request never sets them
         F.MIN_NEW_TOKENS: None,
@@ -62,13 +62,13 @@ NAMES: Mapping[Api, Mapping[RequestField, str | None]] = {
     "chat": {
         **_OPENAI,
         F.PROMPT: "messages",
-        F.TOP_N_LOGPROBS: "top_logprobs",
+        F.TOP_N: "top_logprobs",
         F.PROMPT_LOGPROBS: None,
     },
     "completion": {
         **_OPENAI,
         F.PROMPT: "prompt",
-        F.TOP_N_LOGPROBS: "logprobs",
+        F.TOP_N: "logprobs",
         F.PROMPT_LOGPROBS: "echo",
     },
 }

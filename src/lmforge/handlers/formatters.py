@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import json
-import math
 from json.encoder import encode_basestring
 from typing import Any
 
 from lmforge.engines.protocol import FinishReason, GenerationEvent, Token
+from lmforge.handlers.logprobs import TokenText, json_logprob
 
 JSON = "application/json"
 JSONLINES = "application/jsonlines"
@@ -31,12 +31,6 @@ def dumps(obj: Any) -> str:
     return _ENCODER.encode(obj)
 
 
-def json_logprob(value: float) -> float | None:
-    """A log-prob for JSON (the one conversion every answer uses): NaN and infinities (unknown,
-    impossible) become null."""
-    return value if math.isfinite(value) else None
-
-
 def token_dict(token: Token) -> dict[str, Any]:
     out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": json_logprob(token.log_prob)}
     if token.special:
@@ -44,8 +38,11 @@ def token_dict(token: Token) -> dict[str, Any]:
     return out
 
 
-def _top_dicts(token: Token) -> list[dict[str, Any]]:
-    return [{"id": i, "text": t, "log_prob": json_logprob(lp)} for i, t, lp in token.top_logprobs or []]
+def _top_dicts(token: Token, names: TokenText) -> list[dict[str, Any]]:
+    return [
+        {"id": i, "text": names.decoded(i), "log_prob": json_logprob(lp)}
+        for i, lp in token.top_logprobs or []
+    ]
 
 
 def frame(obj: Any, media_type: str) -> bytes:
@@ -57,8 +54,12 @@ def frame(obj: Any, media_type: str) -> bytes:
 class LmiFormatter:
     """Builds LMI responses from the events of one request."""
 
-    def __init__(self, prompt: str, *, details: bool, return_full_text: bool) -> None:
+    def __init__(
+        self, prompt: str, *, details: bool, return_full_text: bool, names: TokenText | None = None
+    ) -> None:
         self.prompt = prompt
+        self.names = names or TokenText(None)
+        """Names ``top_tokens`` alternatives (None: a formatter used on its own leaves their text empty)."""
         self.details = details
         self.return_full_text = return_full_text
         self.tokens: list[Token] = []
@@ -74,7 +75,7 @@ class LmiFormatter:
         if with_tokens:
             d["tokens"] = [token_dict(t) for t in self.tokens]
             if any(t.top_logprobs for t in self.tokens):
-                d["top_tokens"] = [_top_dicts(t) for t in self.tokens]
+                d["top_tokens"] = [_top_dicts(t, self.names) for t in self.tokens]
         return d
 
     def generated_text(self) -> str:
@@ -123,7 +124,7 @@ class LmiFormatter:
             "details": None,
         }
         if event.token is not None and event.token.top_logprobs:
-            line["top_tokens"] = _top_dicts(event.token)
+            line["top_tokens"] = _top_dicts(event.token, self.names)
         if event.finished:
             line["generated_text"] = self.generated_text()
             if self.details or event.finish_reason == FinishReason.ERROR:

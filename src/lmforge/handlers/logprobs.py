@@ -18,16 +18,21 @@ the token. OpenAI answers with the token's own bytes instead, and so does lmforg
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
-
-from lmforge.handlers.formatters import json_logprob
 
 if TYPE_CHECKING:
     from lmforge.engines.protocol import Token
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _METASPACE = "\u2581"
+
+
+def json_logprob(value: float) -> float | None:
+    """A log-prob for JSON (the one conversion every answer uses): NaN and infinities (unknown,
+    impossible) become null."""
+    return value if math.isfinite(value) else None
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -66,6 +71,7 @@ class TokenText:
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
         self._bytes: dict[int, bytes] = {}
+        self._decoded: dict[int, str] = {}
         kinds = _decoder_kinds(tokenizer) if tokenizer is not None else set()
         self._alphabet = byte_level_alphabet() if "ByteLevel" in kinds else None
         self._metaspace = bool(kinds & {"Metaspace", "ByteFallback"})
@@ -102,6 +108,16 @@ class TokenText:
             return symbol.replace(_METASPACE, " ").encode("utf-8")
         return str(tok.decode([token_id])).encode("utf-8")
 
+    def decoded(self, token_id: int) -> str:
+        """The token decoded on its own, as LMI's ``top_tokens`` give an alternative's text (U+FFFD
+        for part of a character; empty without a tokenizer)."""
+        if self.tokenizer is None:
+            return ""
+        cached = self._decoded.get(token_id)
+        if cached is None:
+            cached = self._decoded[token_id] = str(self.tokenizer.decode([token_id]))
+        return cached
+
     def name(self, token_id: int, text: str = "") -> str:
         """The token as text: its bytes decoded, or ``bytes:`` + the bytes with ``\\xNN`` escapes."""
         raw = self.raw(token_id, text)
@@ -130,8 +146,8 @@ class TokenText:
             "logprob": json_logprob(token.log_prob),
             "bytes": list(raw),
             "top_logprobs": [
-                {"token": self.name(t, text), "logprob": json_logprob(lp), "bytes": list(self.raw(t, text))}
-                for t, text, lp in token.top_logprobs or []
+                {"token": self.name(t), "logprob": json_logprob(lp), "bytes": list(self.raw(t))}
+                for t, lp in token.top_logprobs or []
             ],
         }
 
@@ -141,8 +157,8 @@ class TokenText:
         """A completions ``top_logprobs`` entry: alternative -> log-prob, no alternative merged into
         another."""
         out: dict[str, float | None] = {}
-        for t, text, lp in token.top_logprobs or []:
-            key = self.name(t, text)
+        for t, lp in token.top_logprobs or []:
+            key = self.name(t)
             out[f"token_id:{t}" if key in out else key] = json_logprob(lp)
         return out
 

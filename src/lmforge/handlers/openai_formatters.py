@@ -65,13 +65,19 @@ class _OpenAIFormatter:
     id_prefix = ""
 
     def __init__(
-        self, model: str, *, logprobs: bool, include_usage: bool = False, token_text: TokenText | None = None
+        self,
+        model_name: str,
+        *,
+        logprobs: bool,
+        include_usage: bool = False,
+        token_text: TokenText | None = None,
     ) -> None:
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.index = 0
         """The choice this formatter builds (``n`` > 1: one formatter per choice, sharing id and created)."""
-        self.model = model
+        self.model_name = model_name
+        """The served model's name (or the adapter's) that the answer gives as ``model``."""
         self.logprobs = logprobs
         self.include_usage = include_usage
         self.tokens: list[Token] = []
@@ -86,7 +92,7 @@ class _OpenAIFormatter:
             "id": self.id,
             "object": obj,
             "created": self.created,
-            "model": self.model,
+            "model": self.model_name,
             "choices": choices,
         }
 
@@ -179,7 +185,7 @@ class ChatFormatter(_OpenAIFormatter):
 
     def __init__(
         self,
-        model: str,
+        model_name: str,
         *,
         logprobs: bool,
         include_usage: bool = False,
@@ -187,7 +193,7 @@ class ChatFormatter(_OpenAIFormatter):
         reply: ReplyParser | None = None,
         token_text: TokenText | None = None,
     ) -> None:
-        super().__init__(model, logprobs=logprobs, include_usage=include_usage, token_text=token_text)
+        super().__init__(model_name, logprobs=logprobs, include_usage=include_usage, token_text=token_text)
         self._sent_role = False
         self.tool_mode = tool_mode
         self.reply = reply
@@ -318,14 +324,14 @@ class CompletionFormatter(_OpenAIFormatter):
 
     def __init__(
         self,
-        model: str,
+        model_name: str,
         *,
         logprobs: bool,
         include_usage: bool = False,
         echo: str | None = None,
         token_text: TokenText | None = None,
     ) -> None:
-        super().__init__(model, logprobs=logprobs, include_usage=include_usage, token_text=token_text)
+        super().__init__(model_name, logprobs=logprobs, include_usage=include_usage, token_text=token_text)
         self.echo = echo or ""
         """The prompt's text (``echo``; None: no echo)."""
         self._echoes = echo is not None

@@ -48,29 +48,33 @@ class Replies:
         return None
 
     async def collect(
-        self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events
+        self, req: ParsedRequest, model_name: str, first: GenerationEvent, events: Events
     ) -> dict[str, Any]:
         """One JSON answer from every event."""
         collected = await streams.drain(first, events, req.openai_body)
         if req.openai_body:
-            return self.openai(req, served).final_json(collected)
-        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+            return self.openai(req, model_name).final_json(collected)
+        lmi = fmt.LmiFormatter(
+            req.prompt, details=req.details, return_full_text=req.return_full_text, names=self.token_text()
+        )
         for event in collected:
             lmi.add(event)
         return lmi.final_json(collected[-1])
 
     def stream(
-        self, req: ParsedRequest, served: str, first: GenerationEvent, events: Events, media: str
+        self, req: ParsedRequest, model_name: str, first: GenerationEvent, events: Events, media: str
     ) -> AsyncIterator[bytes]:
         """The answer's frames as the events come."""
         if req.openai_body:
-            openai = self.openai(req, served)
+            openai = self.openai(req, model_name)
             return streams.frames(first, events, media, openai.stream_frame, openai.trailer)
-        lmi = fmt.LmiFormatter(req.prompt, details=req.details, return_full_text=req.return_full_text)
+        lmi = fmt.LmiFormatter(
+            req.prompt, details=req.details, return_full_text=req.return_full_text, names=self.token_text()
+        )
         return streams.frames(first, events, media, lmi.stream_frame, None)
 
-    def openai(self, req: ParsedRequest, model: str) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
-        """The OpenAI formatter for ``req`` (``model``: the name the answer gives)."""
+    def openai(self, req: ParsedRequest, model_name: str) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
+        """The OpenAI formatter for ``req`` (``model_name``: the name the answer gives as ``model``)."""
         token_text = self.token_text()
         if req.chat:
             name = self._config.tool_call_parser if req.auto_tools else None
@@ -81,7 +85,7 @@ class Replies:
             reasoning = self._config.reasoning_parser
             parse = (tools or reasoning) and req.tool_mode is None
             return ofmt.ChatFormatter(
-                model,
+                model_name,
                 logprobs=req.logprobs,
                 include_usage=req.include_usage,
                 tool_mode=req.tool_mode,
@@ -93,5 +97,9 @@ class Replies:
             ids = req.prompt_ids
             echo = req.prompt if ids is None else "".join(token_text.pieces(ids))
         return ofmt.CompletionFormatter(
-            model, logprobs=req.logprobs, include_usage=req.include_usage, echo=echo, token_text=token_text
+            model_name,
+            logprobs=req.logprobs,
+            include_usage=req.include_usage,
+            echo=echo,
+            token_text=token_text,
         )

@@ -250,7 +250,7 @@ def sampling(
         repetition_penalty=repetition_penalty or 1.0,
         seed=seed,
         stop=stop,
-        top_n_logprobs=top_n,
+        top_n=top_n,
         ignore_eos=ignore_eos,
         logprobs=logprobs or top_n > 0,
         structured=structured,

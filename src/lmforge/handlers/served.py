@@ -28,7 +28,7 @@ class Served:
 
     adapter: LoraAdapter | None
     """The adapter to apply, None for the base model."""
-    name: str
+    model_name: str
     """The name OpenAI answers give as ``model``: the adapter's, else the model's."""
 
 

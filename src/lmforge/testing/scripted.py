@@ -26,7 +26,14 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.protocol import EngineStats, FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import (
+    EngineStats,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingParams,
+    Token,
+)
 from lmforge.engines.streaming import TokenStream
 from lmforge.errors import EngineDeadError, LmforgeError
 
@@ -97,7 +104,7 @@ class ScriptedEngine(EngineBase):
         out = [Token(ids[0], "", float("nan"))]
         for i in range(1, len(ids)):
             alternatives = list(dict.fromkeys(reversed(ids[: i + 1])))[:top_n]
-            top = [(t, str(self._tokenizer.decode([t])), LOG_PROB - k) for k, t in enumerate(alternatives)]
+            top = [(t, LOG_PROB - k) for k, t in enumerate(alternatives)]
             out.append(Token(ids[i], "", LOG_PROB, top_logprobs=top))
         return out
 
@@ -120,11 +127,12 @@ class ScriptedEngine(EngineBase):
     async def shutdown(self) -> None:
         self._alive = False
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, ids = self.prepare(request), request.prompt
+    async def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        ids = request.prompt
         pending = self.prompt_logprobs(ids, params.prompt_logprobs)
         self.seen.append(request)
-        self._counters["requests_total"] += 1
         stream = TokenStream(self._tokenizer, params.stop, len(ids))
         planned = self.script(ids, params.max_new_tokens)
         eos_after = self.eos_after
@@ -132,7 +140,6 @@ class ScriptedEngine(EngineBase):
             planned = self._tokenizer.encode(self.reply, add_special_tokens=False)[: params.max_new_tokens]
             eos_after = len(planned)
             planned = [*planned, self.eos_id] if len(planned) < params.max_new_tokens else planned
-        done = False
         self._running += 1
         try:
             if self.gate is not None:
@@ -140,12 +147,10 @@ class ScriptedEngine(EngineBase):
             for i, tid in enumerate(planned):
                 await asyncio.sleep(0)  # one event-loop turn per token, as an engine step gives
                 if self.cancel_after is not None and i >= self.cancel_after:
-                    done = True
                     for event in stream.end(FinishReason.ABORT):
                         yield event
                     return
                 if not self._alive or (self.fail_after is not None and i >= self.fail_after):
-                    done = True
                     reason = "the engine died" if not self._alive else f"scripted failure after {i} tokens"
                     for event in stream.step([], FinishReason.ERROR, reason):
                         event.prompt_logprobs, pending = pending, None
@@ -153,12 +158,10 @@ class ScriptedEngine(EngineBase):
                     return
                 eos = eos_after is not None and i >= eos_after and not params.ignore_eos
                 token = Token(self.eos_id if eos else tid, "", LOG_PROB, special=eos)
-                if params.top_n_logprobs:
+                if params.top_n:
                     token.top_logprobs = [
-                        (alt, str(self._tokenizer.decode([alt])), LOG_PROB - k)
-                        for k, alt in enumerate(self.script([tid], params.top_n_logprobs))
+                        (alt, LOG_PROB - k) for k, alt in enumerate(self.script([tid], params.top_n))
                     ]
-                self._counters["tokens_total"] += 1
                 last = eos or i == len(planned) - 1
                 finish = (FinishReason.EOS if eos else FinishReason.LENGTH) if last else None
                 for event in stream.step([token], finish):
@@ -166,9 +169,6 @@ class ScriptedEngine(EngineBase):
                         event.prompt_logprobs, pending = pending, None
                     yield event
                 if stream.finished:
-                    done = True
                     return
         finally:
-            if not done:
-                self._counters["aborted_total"] += 1
             self._running -= 1

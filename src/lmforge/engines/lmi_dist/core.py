@@ -45,7 +45,7 @@ _POLL_MS = 250
 class _Track:
     key: int
     record: Record
-    top: bool
+    top_n: int
     sent: int = 0
     cancelled: bool = field(default=False)
 
@@ -78,7 +78,7 @@ def _router_class() -> type:
                 end = track.sent + len(new)
                 logprobs = track.record.logprobs[track.sent : end]
                 logprobs += [float("nan")] * (len(new) - len(logprobs))
-                top = track.record.top[track.sent : end] if track.top else None
+                top = track.record.top_logprobs[track.sent : end] if track.top_n else None
                 track.sent = end
                 status = ipc.RUNNING
                 if output.status == RequestStatus.FINISHED:
@@ -202,7 +202,7 @@ class Core:
         assert self.built is not None
         params = _decode(message.params)
         key, record = self.built.sampler.register()
-        track = _Track(key, record, params.top_n_logprobs > 0)
+        track = _Track(key, record, params.top_n)
         self.router.tracks[message.rid] = track
         kwargs = request_kwargs(key, message.params)
         if message.lora:

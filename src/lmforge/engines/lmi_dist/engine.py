@@ -44,6 +44,7 @@ from lmforge.engines.protocol import (
     GenerationEvent,
     GenerationRequest,
     RequestField,
+    SamplingParams,
     Token,
 )
 from lmforge.engines.streaming import TokenStream
@@ -210,17 +211,18 @@ class LmiDistEngine(EngineBase):
                 " with logprobs) are not available on lmi-dist with tensor parallelism; use "
                 "option.rolling_batch=vllm",
             )
-        decode = self._tokenizer.decode
         scored = await self._core.call(
             "score_prompt", ids=ids, top_n=top_n, adapter=adapter.int_id if adapter is not None else 0
         )
         return [
-            Token(tid, "", lp, top_logprobs=[(t, str(decode([t])), v) for t, v in top] if i else None)
+            Token(tid, "", lp, top_logprobs=[(t, v) for t, v in top] if i else None)
             for i, (tid, lp, top) in enumerate(scored)
         ]
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, prompt_ids = self.prepare(request), request.prompt
+    async def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        prompt_ids = request.prompt
         assert self._slots is not None and self._core is not None
         adapter = request.adapter
         lora = self._slots_or_refuse() if adapter is not None else None
@@ -232,7 +234,6 @@ class LmiDistEngine(EngineBase):
         self._live[rid] = live
         stream = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         ends = [*([] if params.ignore_eos else sorted(self._eos_ids)), *params.stop_token_ids]
-        self._counters["requests_total"] += 1
         self._waiting += 1
         waiting, submitted, adapter_held = True, False, False
         try:
@@ -266,12 +267,11 @@ class LmiDistEngine(EngineBase):
                     live.engine_done = True
                     raise _refusal(out)
                 live.engine_done = out.status != ipc.RUNNING
-                tokens = self._tokens(out, params.top_n_logprobs)
+                tokens = self._tokens(out, params.top_n)
                 for event in stream.step(tokens, self._done(out, params), out.error or ""):
                     if scored is not None:  # the first event carries the prompt's log-probs
                         event.prompt_logprobs, scored = scored, None
                     yield event
-                self._counters["tokens_total"] += len(out.tokens)
                 if stream.finished:
                     return
         finally:
@@ -279,8 +279,6 @@ class LmiDistEngine(EngineBase):
                 self._waiting -= 1
             else:
                 self._slots.release()
-            if submitted and not stream.finished:
-                self._counters["aborted_total"] += 1
             if submitted and not live.engine_done:  # stopped early (a stop string, a closed stream)
                 self._core.send(ipc.Cancel(rid))
             if adapter_held and lora is not None and adapter is not None:
@@ -288,12 +286,11 @@ class LmiDistEngine(EngineBase):
             self._live.pop(rid, None)
 
     def _tokens(self, out: ipc.Out, top_n: int) -> list[Token]:
-        decode = self._tokenizer.decode
         tokens = []
         for i, tid in enumerate(out.tokens):
             top = None
-            if top_n > 0 and out.top is not None and i < len(out.top):
-                top = [(t, decode([t]), lp) for t, lp in out.top[i]]
+            if top_n > 0 and out.top_logprobs is not None and i < len(out.top_logprobs):
+                top = [(t, lp) for t, lp in out.top_logprobs[i]]
             tokens.append(Token(tid, "", out.logprobs[i], special=tid in self._eos_ids, top_logprobs=top))
         return tokens
 

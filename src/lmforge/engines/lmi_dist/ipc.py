@@ -92,7 +92,7 @@ class Out(msgspec.Struct, array_like=True):
     tokens: list[int]
     logprobs: list[float]
     """The model's log-prob of each new token (before any grammar or sampling settings)."""
-    top: list[list[tuple[int, float]]] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     """Per new token, the top-n alternatives (id, log-prob) when the request asked for them."""
     status: int = RUNNING
     error: str | None = None

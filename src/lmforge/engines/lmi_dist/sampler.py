@@ -59,7 +59,7 @@ class Record:
     """Per-token log-probs of one request, filled on the generation thread (driver rank only)."""
 
     logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -160,7 +160,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         # what the host needs of the step, read in a few transfers (not a few per row)
         chosen_ids: list[int] = chosen.tolist()
         chosen_logprobs: list[float] = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
-        top_n = max((row.params.top_n_logprobs for row in rows if row.params is not None), default=0)
+        top_n = max((row.params.top_n for row in rows if row.params is not None), default=0)
         top_values: list[list[float]] = []
         top_ids: list[list[int]] = []
         if top_n > 0:
@@ -177,9 +177,9 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             if record is None:
                 continue  # another rank, or a request cancelled mid-step: nobody reads it
             record.logprobs.append(chosen_logprobs[i])
-            if p.top_n_logprobs > 0:
-                k = p.top_n_logprobs
-                record.top.append(list(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
+            if p.top_n > 0:
+                k = p.top_n
+                record.top_logprobs.append(list(zip(top_ids[i][:k], top_values[i][:k], strict=True)))
         if self.direct:  # the model runner takes ``chosen`` itself (see take_choices)
             self.chosen = chosen
             return scores

@@ -235,12 +235,14 @@ class TrtllmEngine(EngineBase):
             repetition_penalty=params.repetition_penalty,
             seed=params.seed,
             ignore_eos=params.ignore_eos,
-            logprobs=max(1, params.top_n_logprobs),
+            logprobs=max(1, params.top_n),
             detokenize=False,
         )
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, ids = self.prepare(request), request.prompt
+    async def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        ids = request.prompt
         if self.max_input_len is not None and len(ids) > self.max_input_len:
             raise FieldError(
                 RequestField.PROMPT,
@@ -253,7 +255,6 @@ class TrtllmEngine(EngineBase):
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
         )
         self._running += 1
-        self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
@@ -265,7 +266,6 @@ class TrtllmEngine(EngineBase):
                 logprobs = list(completion.logprobs or [])
                 tokens = [self._token(tid, logprobs, seen + i, params) for i, tid in enumerate(new_ids)]
                 seen += len(new_ids)
-                self._counters["tokens_total"] += len(new_ids)
                 done = (
                     _FINISH.get(str(completion.finish_reason), FinishReason.ERROR)
                     if output.finished
@@ -287,7 +287,6 @@ class TrtllmEngine(EngineBase):
                 yield event
         finally:
             if not state.finished:  # the stream was closed early: the request stops in TensorRT-LLM
-                self._counters["aborted_total"] += 1
                 result.abort()
             self._running -= 1
             if lora is not None:
@@ -301,12 +300,9 @@ class TrtllmEngine(EngineBase):
             entry = position.get(tid)
             if entry is not None:
                 log_prob = _logprob(entry)
-            if params.top_n_logprobs:
+            if params.top_n:
                 ranked = sorted(position.items(), key=lambda kv: -_logprob(kv[1]))
-                top = [
-                    (t, self._tokenizer.decode([t]), _logprob(lp))
-                    for t, lp in ranked[: params.top_n_logprobs]
-                ]
+                top = [(t, _logprob(lp)) for t, lp in ranked[: params.top_n]]
         elif isinstance(position, float | int):
             log_prob = float(position)
         return Token(tid, "", log_prob, special=tid in self._eos_ids, top_logprobs=top)

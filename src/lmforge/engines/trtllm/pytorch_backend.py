@@ -173,7 +173,7 @@ class TrtllmPytorchEngine(TrtllmEngine):
             stop_token_ids=list(params.stop_token_ids) or None,
             seed=params.seed,
             ignore_eos=params.ignore_eos,
-            logprobs=max(1, params.top_n_logprobs),
+            logprobs=max(1, params.top_n),
             detokenize=False,
         )
 

@@ -83,7 +83,7 @@ _FIELD = {
     "presence_penalty": F.PRESENCE_PENALTY,
     "frequency_penalty": F.FREQUENCY_PENALTY,
     "seed": F.SEED,
-    "logprobs": F.TOP_N_LOGPROBS,
+    "logprobs": F.TOP_N,
     "prompt_logprobs": F.PROMPT_LOGPROBS,
     "logit_bias": F.LOGIT_BIAS,
     "stop_token_ids": F.STOP_TOKEN_IDS,
@@ -316,7 +316,7 @@ class VllmEngine(EngineBase):
                 ignore_eos=params.ignore_eos,
                 # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
                 # frontend's CPU per token (bench/frontend_overhead.py)
-                logprobs=params.top_n_logprobs if params.logprobs else None,
+                logprobs=params.top_n if params.logprobs else None,
                 prompt_logprobs=params.prompt_logprobs,
                 output_kind=RequestOutputKind.DELTA,
                 structured_outputs=structured,
@@ -327,8 +327,10 @@ class VllmEngine(EngineBase):
             field = _FIELD.get(str(getattr(exc, "parameter", None)), F.PARAMS)
             raise FieldError(field, f"vLLM refuses this request: {exc}") from None
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        params, prompt_ids = self.prepare(request), request.prompt
+    async def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        prompt_ids = request.prompt
         sampling = self._sampling_params(params)
         lora = self._loras.get(request.adapter)
         from vllm.exceptions import VLLMClientError
@@ -336,7 +338,6 @@ class VllmEngine(EngineBase):
 
         self._submissions += 1
         vllm_id = f"{request.request_id}#{self._submissions}"  # unique per submission: callers reuse ids
-        self._counters["requests_total"] += 1
         state = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
@@ -351,7 +352,7 @@ class VllmEngine(EngineBase):
                     output = await anext(stream)
                 except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
                     raise _refusal(exc, params) from None
-                scored = prompt_scores(output, prompt_ids, params.prompt_logprobs, self._tokenizer)
+                scored = prompt_scores(output, prompt_ids, params.prompt_logprobs)
                 while True:
                     events = self._events(output, params, state)
                     if output.finished:
@@ -374,8 +375,6 @@ class VllmEngine(EngineBase):
             ):
                 yield event
         finally:
-            if not state.finished:
-                self._counters["aborted_total"] += 1
             if lora is not None:
                 self._loras.done(lora.lora_int_id)
 
@@ -387,14 +386,11 @@ class VllmEngine(EngineBase):
             position = logprobs[i] if i < len(logprobs) else {}
             entry = position.get(tid) if position else None
             top = None
-            if params.top_n_logprobs and position:
+            if params.top_n and position:
                 ranked = sorted(position.items(), key=lambda kv: (kv[1].rank or 0, -kv[1].logprob))
-                top = [
-                    (t, self._tokenizer.decode([t]), lp.logprob) for t, lp in ranked[: params.top_n_logprobs]
-                ]
+                top = [(t, lp.logprob) for t, lp in ranked[: params.top_n]]
             log_prob = float(entry.logprob) if entry is not None else float("nan")
             tokens.append(Token(tid, "", log_prob, special=tid in self._eos_ids, top_logprobs=top))
-        self._counters["tokens_total"] += len(tokens)
         done = self._finish_reason(completion) if output.finished else None
         return state.step(tokens, done, f"finish_reason={completion.finish_reason!r}")
 

@@ -9,7 +9,7 @@ from typing import Any
 from lmforge.engines.protocol import Token
 
 
-def prompt_scores(output: Any, ids: list[int], top_n: int | None, tokenizer: Any) -> list[Token] | None:
+def prompt_scores(output: Any, ids: list[int], top_n: int | None) -> list[Token] | None:
     """One token per prompt token (the first unscored: NaN, no alternatives), each with its
     ``top_n`` most likely alternatives; None when the request did not ask (``top_n`` None)."""
     if top_n is None:
@@ -21,7 +21,7 @@ def prompt_scores(output: Any, ids: list[int], top_n: int | None, tokenizer: Any
         entry = position.get(ids[i]) if position else None
         # vLLM adds the prompt's own token to its top-n when it ranks lower: by rank, it comes last
         ranked = sorted((position or {}).items(), key=lambda kv: (kv[1].rank or 0, -kv[1].logprob))
-        top = [(t, str(tokenizer.decode([t])), float(lp.logprob)) for t, lp in ranked[:top_n]]
+        top = [(t, float(lp.logprob)) for t, lp in ranked[:top_n]]
         log_prob = float(entry.logprob) if entry is not None else math.nan
         out.append(Token(ids[i], "", log_prob, top_logprobs=top))
     return out
