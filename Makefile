@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c
 	@# vLLM pulls PyPI's torchvision/torchaudio/torchcodec, which fail to import beside the pinned torch
 	@# (and make transformers fail); text-only serving never needs them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	@# lm-eval (dev) pulls scikit-learn for metrics the tests never ask for (f1, mcc: imported only then).
+	@# Installed, transformers imports it, with scipy and pandas, in every process that loads a model:
+	@# 1.4 of an engine core's 4.8 CPU-s of imports, ~80 CPU-s of a `make test`. The images never had it.
+	$(BIN)/python -m pip uninstall -q -y scikit-learn 2>/dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)
