@@ -20,10 +20,12 @@ $(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c
 	@# vLLM pulls PyPI's torchvision/torchaudio/torchcodec, which fail to import beside the pinned torch
 	@# (and make transformers fail); text-only serving never needs them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	@# lm-eval (dev) pulls scikit-learn for metrics the tests never ask for (f1, mcc: imported only then).
-	@# Installed, transformers imports it, with scipy and pandas, in every process that loads a model:
-	@# 1.4 of an engine core's 4.8 CPU-s of imports, ~80 CPU-s of a `make test`. The images never had it.
-	$(BIN)/python -m pip uninstall -q -y scikit-learn 2>/dev/null || true
+	@# Packages no lmforge process uses that transformers or torch import wherever they are installed,
+	@# in every process that loads a model (each engine core, vLLM's processes, the test workers):
+	@# scikit-learn and scipy, which lm-eval (dev) pulls for metrics the tests never ask for (f1, mcc:
+	@# imported only then), 1.4 + 0.7 CPU-s an import; triton, which xgrammar pulls and CPU serving never
+	@# runs, 0.2 CPU-s. ~140 CPU-s of a `make test` in all. The images do not have them either.
+	$(BIN)/python -m pip uninstall -q -y scikit-learn scipy triton 2>/dev/null || true
 	touch $(STAMP)
 
 install: $(STAMP)
