@@ -132,26 +132,27 @@ _SHARED_GROUPS = {
 }
 
 
-#: Seconds a group took on one worker here (sum of ``--durations=0``, 2 workers on 2 cores, 7 min 13 s
-#: in all): the scheduler hands out the heaviest group left first, so the long groups start early and
-#: the small files fill the gaps at the end (xdist's own order, most tests first, started the slowest
-#: groups last and took a minute longer when measured). Only the order depends on these numbers; a
-#: file missing here weighs a tenth of a second per test.
+#: Seconds a group took on one worker here (sum of ``--durations=0``, three workers on 2 cores, 9 min 3 s
+#: in all, 2026-11-28): the scheduler hands out the heaviest group left first, so the long groups start
+#: early and the small files fill the gaps at the end (xdist's own order, most tests first, started the
+#: slowest groups last and took a minute longer when measured). Only the order depends on these numbers;
+#: a file missing here weighs a tenth of a second per test.
 _GROUP_SECONDS = {
-    "local-sagemaker": 236,
-    "smollm2": 178,
+    # lm-eval's two runs and its hf reference, the same-answer crowds, both smollm2 servers' starts
+    "smollm2": 364,
+    "local-sagemaker": 338,
     # its own group (it starts its own servers): one compile of the tiny model, one start from it, two
-    # short ones (104 s alone; 237 s while another suite ran on the same 2 cores)
-    "tests/integration/test_vllm_compile.py": 104,
-    "image": 91,
-    "vllm": 78,
-    "tests/integration/test_load.py": 78,
-    "tiny-server": 50,
-    "tests/integration/test_lifecycle.py": 26,
-    "tests/integration/test_trtllm_pytorch.py": 20,
-    "tests/unit/test_lmi_dist_engine.py": 19,
-    "tests/integration/test_trtllm_fake.py": 16,
-    "tests/integration/test_container_entrypoint.py": 12,
+    # short ones (104 s alone)
+    "tests/integration/test_vllm_compile.py": 223,
+    "image": 193,
+    "tests/integration/test_load.py": 109,
+    "vllm": 72,
+    "tiny-server": 66,
+    "tests/integration/test_lifecycle.py": 47,
+    "tests/integration/test_trtllm_fake.py": 27,
+    "tests/integration/test_trtllm_pytorch.py": 26,
+    "tests/unit/test_lmi_dist_engine.py": 23,
+    "tests/integration/test_container_entrypoint.py": 15,
 }
 
 
