@@ -133,6 +133,11 @@ def test_top_n_log_probs(served: tuple[RemoteServer, list[dict[str, Any]]]) -> N
         assert [t["log_prob"] for t in top] == sorted((t["log_prob"] for t in top), reverse=True)
         assert top[0]["id"] == tok["id"]  # greedy: the chosen token is the most likely
     assert [t["id"] for t in resp["details"]["tokens"]] == reference[1]["ids"][:6]
+    # each alternative's text is the token decoded alone, as the server's /detokenize decodes it
+    for top in resp["details"]["top_tokens"]:
+        for alt in top:
+            decoded = http_client().post(server.url + "/detokenize", json={"tokens": [alt["id"]]}, timeout=30)
+            assert alt["text"] == decoded.json()["prompt"], alt
 
 
 def test_seeded_sampling_repeats_and_chat_uses_the_template(
