@@ -21,7 +21,14 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.base import EngineBase
-from lmforge.engines.protocol import EngineStats, FinishReason, GenerationEvent, GenerationRequest, Token
+from lmforge.engines.protocol import (
+    EngineStats,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingParams,
+    Token,
+)
 from lmforge.errors import EngineDeadError, NotReadyError
 
 if TYPE_CHECKING:
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
 #: how many distinct fixed tokens the engine cycles through
 FIXED_TOKENS = 16
 LOG_PROB = -0.25
+#: prompt + generated tokens a request may hold: no model limits it, the size checks still run
+NO_MODEL_LEN = 1 << 16
 
 
 class NoopEngine(EngineBase):
@@ -55,6 +64,7 @@ class NoopEngine(EngineBase):
         ids = [i for i in range(len(self._tokenizer) // 2, len(self._tokenizer)) if i not in special]
         # Token objects are made once: the engine's own cost per token stays a few attribute writes.
         self._tokens = [Token(i, self._tokenizer.decode([i]), LOG_PROB) for i in ids[:FIXED_TOKENS]]
+        self.max_model_len = NO_MODEL_LEN
         self._running = True
 
     def check_health(self) -> None:
@@ -67,26 +77,22 @@ class NoopEngine(EngineBase):
     async def shutdown(self) -> None:
         self._running = False
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationEvent, None]:
-        self.check_health()
+    async def _generate(
+        self, request: GenerationRequest, params: SamplingParams
+    ) -> AsyncGenerator[GenerationEvent, None]:
         rid = request.request_id
         prompt_len = len(request.prompt)
-        n = request.params.max_new_tokens
+        n = params.max_new_tokens
         self._live.add(rid)
-        self._counters["requests_total"] += 1
-        finished = False
         try:
             for i in range(n):
                 await asyncio.sleep(0)  # one event-loop turn per token, as an engine step would give
                 if not self._running:
-                    finished = True
                     yield GenerationEvent(
                         None, prompt_len, i, FinishReason.ERROR, "the server is shutting down", 503
                     )
                     return
                 last = i == n - 1
-                self._counters["tokens_total"] += 1
-                finished = last
                 yield GenerationEvent(
                     self._tokens[i % len(self._tokens)],
                     prompt_len,
@@ -94,11 +100,8 @@ class NoopEngine(EngineBase):
                     FinishReason.LENGTH if last else None,
                 )
             if n == 0:
-                finished = True
                 yield GenerationEvent(None, prompt_len, 0, finish_reason=FinishReason.LENGTH)
         finally:
-            if not finished:
-                self._counters["aborted_total"] += 1
             self._live.discard(rid)
 
 
