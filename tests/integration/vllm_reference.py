@@ -68,6 +68,9 @@ def main() -> None:
     job_path, out_path = sys.argv[1:3]
     assert os.environ.get("VLLM_PLUGINS") == "", "run with VLLM_PLUGINS= so that no plugin loads"
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+    from lmforge.process import freeze_startup_heap, pause_gc_for_startup
+
+    pause_gc_for_startup()  # vLLM's imports and the engine's start: ~1.5 CPU-s less, as in lmforge serve
     from vllm import LLM
 
     with open(job_path) as f:
@@ -82,6 +85,7 @@ def main() -> None:
         max_loras=1,  # one slot: index -1 aliases it
         max_lora_rank=16,
     )
+    freeze_startup_heap()
     result = {"offline": offline(llm, job["offline"]), "lora": lora_batch(llm, job["lora"])}
     with open(out_path, "w") as f:
         json.dump(result, f)

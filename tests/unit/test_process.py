@@ -82,3 +82,29 @@ def test_freeze_startup_heap_collects_cycles_then_hides_the_rest_from_the_collec
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_collector_is_off_for_the_start_up_on_after_it_and_on_in_a_child_forked_meanwhile() -> None:
+    code = textwrap.dedent(
+        """
+        import gc, os
+        from lmforge.process import freeze_startup_heap, pause_gc_for_startup
+
+        pause_gc_for_startup()
+        assert not gc.isenabled()
+        pid = os.fork()
+        if pid == 0:  # vLLM's engine core, forked from the server process while it starts
+            os._exit(0 if gc.isenabled() else 3)
+        assert os.waitpid(pid, 0)[1] == 0, "the forked child runs without the collector"
+        assert not gc.isenabled(), "the fork turned the parent's collector back on"
+        freeze_startup_heap()
+        assert gc.isenabled()
+        gc.disable()  # someone else's choice: kept by both
+        pause_gc_for_startup()
+        freeze_startup_heap()
+        assert not gc.isenabled()
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lmforge.process import freeze_startup_heap
+from lmforge.process import freeze_startup_heap, pause_gc_for_startup
 from lmforge.serving.app import App
 from lmforge.serving.state import Phase, ServerState
 
@@ -70,6 +70,7 @@ def serve(
 
     ``engine_factory`` replaces the engine ``option.rolling_batch`` selects (the default handler runs on
     what it returns); benchmarks use it to serve a no-op engine through the real HTTP path."""
+    pause_gc_for_startup()  # until the model is loaded (app.on_loaded)
     import uvicorn
 
     from lmforge.config import ConfigError, load_config

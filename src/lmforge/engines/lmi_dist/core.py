@@ -336,6 +336,9 @@ def ignore_stop_signals() -> None:
 
 
 def main() -> int:
+    from lmforge.process import pause_gc_for_startup
+
+    pause_gc_for_startup()  # until Core.load freezes the start-up heap
     import zmq
 
     from lmforge.config import ServingConfig

@@ -7,11 +7,13 @@ import os
 
 
 def main() -> int:
+    from lmforge.process import freeze_startup_heap, pause_gc_for_startup
+
+    pause_gc_for_startup()  # until the model is built
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.core import ignore_stop_signals
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
     from lmforge.engines.lmi_dist.loading import build
-    from lmforge.process import freeze_startup_heap
 
     logging.basicConfig(
         level=logging.WARNING, format=f"rank {os.environ.get('RANK')} %(levelname)s %(message)s"
