@@ -76,6 +76,15 @@ class Scores:
 
 def evaluate(model: str, model_args: str, task_dir: Path) -> Scores:
     """Run lm-eval's ``model`` (``hf``, ``local-completions``, ...) with ``model_args`` on the task."""
+    from lmforge.process import gc_paused
+
+    # lm-eval's imports and its per-request bookkeeping make many objects and few cycles: with the
+    # collector off for the run, the hf run on this task takes 9.7 CPU-s instead of 14.0 here
+    with gc_paused():
+        return _evaluate(model, model_args, task_dir)
+
+
+def _evaluate(model: str, model_args: str, task_dir: Path) -> Scores:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
