@@ -5,12 +5,18 @@ opened them, ``UpdateEndpointWeightsAndCapacities`` starts and stops instances, 
 
 Where each request went is read from the local runtime's ``GET /lmforge/instances`` (lmforge's, not
 an AWS operation) and checked against each instance's own ``/metrics``.
+
+What the instances serve does not matter here, so they serve a user's ``model.py`` (LMI's custom
+handler: a streamed or a JSON reply, no model) rather than the tiny model: this module starts five
+instances, and an LMI-Dist engine core is ~3.5 CPU-s of imports apiece that no check here reads.
+The engine through the local SageMaker is test_local_sagemaker.py's, on the tiny model.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import urllib.request
 from pathlib import Path
@@ -42,10 +48,47 @@ def served_by_container(port: int) -> int:
     return int(match.group(1)) if match else 0
 
 
+#: a user's handler (LMI's ``handle(inputs)``): ``max_new_tokens`` lines streamed 10 ms apart when the
+#: body asks for a stream, else LMI's JSON reply
+MODEL_PY = """
+import json
+import time
+
+from djl_python import Input, Output
+
+
+def handle(inputs: Input):
+    if inputs.is_empty():
+        return None
+    body = inputs.get_as_json()
+    count = int(body.get("parameters", {}).get("max_new_tokens", 4))
+    if not body.get("stream"):
+        return Output().add_as_json({"generated_text": "x" * count})
+
+    def lines():
+        for i in range(count):
+            time.sleep(0.01)
+            yield json.dumps({"token": {"id": i, "text": "x"}}) + "\\n"
+
+    return Output().add_stream_content(lines())
+"""
+
+
 @pytest.fixture(scope="module")
-def endpoint(local: dict[str, str], tiny_model: Path) -> str:
+def model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The handler, with the tiny model's ``config.json`` (what ``lmforge deploy`` sizes the instance by)."""
+    folder = tmp_path_factory.mktemp("handler") / "model"
+    folder.mkdir()
+    shutil.copy(tiny_model / "config.json", folder)
+    (folder / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size=8\n")
+    (folder / "model.py").write_text(MODEL_PY)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def endpoint(local: dict[str, str], model: Path) -> str:
     out = lmforge(
-        *("deploy", str(tiny_model), "--endpoint-name", NAME, "--instance-type", "ml.g5.xlarge"),
+        *("deploy", str(model), "--endpoint-name", NAME, "--instance-type", "ml.g5.xlarge"),
         *("--instance-count", "2", "--routing-strategy", "LEAST_OUTSTANDING_REQUESTS"),
         *("--autoscale", "2:4", "--autoscale-target", "25"),
         *("--env", "OPTION_ENABLE_STATEFUL_SESSIONS=true", "--artifact-format", "prefix"),
@@ -172,12 +215,12 @@ def test_autoscaling_is_registered_and_capacity_changes_start_instances(
 
 
 def test_redeploy_keeps_autoscaling_and_random_routing_reaches_both(
-    endpoint: str, tiny_model: Path, local: dict[str, str], clients: dict[str, Any]
+    endpoint: str, model: Path, local: dict[str, str], clients: dict[str, Any]
 ) -> None:
     """A redeploy takes the scalable target off for the update and puts it back; RANDOM routing sends
     sequential requests to both instances."""
     out = lmforge(
-        *("deploy", str(tiny_model), "--endpoint-name", endpoint, "--instance-type", "ml.g5.xlarge"),
+        *("deploy", str(model), "--endpoint-name", endpoint, "--instance-type", "ml.g5.xlarge"),
         *("--instance-count", "2", "--routing-strategy", "RANDOM", "--artifact-format", "prefix"),
         env=local,
     )
