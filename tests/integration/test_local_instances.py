@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 import urllib.request
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.local_sagemaker import boto3_clients, lmforge
+from tests.local_sagemaker import boto3_clients, handler_model, lmforge
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,41 +47,9 @@ def served_by_container(port: int) -> int:
     return int(match.group(1)) if match else 0
 
 
-#: a user's handler (LMI's ``handle(inputs)``): ``max_new_tokens`` lines streamed 10 ms apart when the
-#: body asks for a stream, else LMI's JSON reply
-MODEL_PY = """
-import json
-import time
-
-from djl_python import Input, Output
-
-
-def handle(inputs: Input):
-    if inputs.is_empty():
-        return None
-    body = inputs.get_as_json()
-    count = int(body.get("parameters", {}).get("max_new_tokens", 4))
-    if not body.get("stream"):
-        return Output().add_as_json({"generated_text": "x" * count})
-
-    def lines():
-        for i in range(count):
-            time.sleep(0.01)
-            yield json.dumps({"token": {"id": i, "text": "x"}}) + "\\n"
-
-    return Output().add_stream_content(lines())
-"""
-
-
 @pytest.fixture(scope="module")
 def model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The handler, with the tiny model's ``config.json`` (what ``lmforge deploy`` sizes the instance by)."""
-    folder = tmp_path_factory.mktemp("handler") / "model"
-    folder.mkdir()
-    shutil.copy(tiny_model / "config.json", folder)
-    (folder / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size=8\n")
-    (folder / "model.py").write_text(MODEL_PY)
-    return folder
+    return handler_model(tiny_model, tmp_path_factory.mktemp("handler") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from lmforge.engines.lmi_dist import ipc
-from tests.local_sagemaker import REGION, base_env, lmforge, parse_exports
+from tests.local_sagemaker import REGION, base_env, handler_model, lmforge, parse_exports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -359,10 +359,12 @@ def test_update_then_delete(
     local: dict[str, str], tiny_model: Path, clients: dict[str, Any], tmp_path: Path
 ) -> None:
     """Re-deploying updates in place (new config, new container) and its upload skips known content;
-    the prefix (uncompressed) form serves too; delete stops the container."""
+    the prefix (uncompressed) form serves too; delete stops the container. The endpoint serves a
+    user's model.py (:func:`~tests.local_sagemaker.handler_model`): none of this is about the engine."""
     sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
     name = "updated-llm"
-    deploy = ("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge")
+    model = handler_model(tiny_model, tmp_path / "handler")
+    deploy = ("deploy", str(model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge")
     lmforge(*deploy, "--artifact-format", "prefix", env=local)
     first = sm.describe_endpoint(EndpointName=name)
     first_pid = _container_pid(local, name)
@@ -693,7 +695,7 @@ def test_runtime_refuses_malformed_requests(
 
 def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
     """A busy port fails fast; two `up` at once share one server; a crashed server's containers are
-    stopped by the next `up`."""
+    stopped by the next `up` (the container serves a user's model.py: the engine plays no part)."""
     import socket
 
     base = base_env(LMFORGE_LOCAL_MODE="process")
@@ -719,9 +721,8 @@ def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
     envs = [parse_exports(o) for o in outs]
     assert envs[0]["AWS_ENDPOINT_URL"] == envs[1]["AWS_ENDPOINT_URL"]
     env = {**base, **envs[0]}
-    lmforge(
-        "deploy", str(tiny_model), "--endpoint-name", "orphan", "--instance-type", "ml.g5.xlarge", env=env
-    )
+    model = handler_model(tiny_model, tmp_path / "handler")
+    lmforge("deploy", str(model), "--endpoint-name", "orphan", "--instance-type", "ml.g5.xlarge", env=env)
     server_pid = json.loads((state / "state.json").read_text())["pid"]
     container_pid = _container_pid(env, "orphan")
     os.kill(server_pid, signal.SIGKILL)
