@@ -60,7 +60,9 @@ _fork_hook = False
 
 
 def pause_gc_for_startup() -> None:
-    """Turn CPython's cyclic garbage collector off until :func:`freeze_startup_heap` ends the start-up.
+    """Turn CPython's cyclic garbage collector off until :func:`freeze_startup_heap` (at the end of the
+    start-up, or between the imports and a model's weights: a cycle that holds tensors must be freed
+    as usual, not at the end).
 
     Importing torch and transformers (or vLLM) makes some 400 000 objects that live as long as the
     process, and the collector walks the growing heap again and again meanwhile, finding next to no

@@ -70,7 +70,10 @@ def serve(
 
     ``engine_factory`` replaces the engine ``option.rolling_batch`` selects (the default handler runs on
     what it returns); benchmarks use it to serve a no-op engine through the real HTTP path."""
-    pause_gc_for_startup()  # until the model is loaded (app.on_loaded)
+    # the collector off until the model is loaded (app.on_loaded): vLLM's imports here are 5.0 CPU-s
+    # instead of 6.6. The weights live in other processes (LMI-Dist's core, vLLM's workers); what a
+    # user's model.py makes while it starts is collected once, at the freeze
+    pause_gc_for_startup()
     import uvicorn
 
     from lmforge.config import ConfigError, load_config

@@ -338,7 +338,7 @@ def ignore_stop_signals() -> None:
 def main() -> int:
     from lmforge.process import pause_gc_for_startup
 
-    pause_gc_for_startup()  # until Core.load freezes the start-up heap
+    pause_gc_for_startup()  # for the imports (loading.build turns it back on before the weights)
     import zmq
 
     from lmforge.config import ServingConfig

@@ -9,7 +9,7 @@ import os
 def main() -> int:
     from lmforge.process import freeze_startup_heap, pause_gc_for_startup
 
-    pause_gc_for_startup()  # until the model is built
+    pause_gc_for_startup()  # for the imports (loading.build turns it back on before the weights)
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.core import ignore_stop_signals
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV

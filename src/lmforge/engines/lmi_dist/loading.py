@@ -99,8 +99,13 @@ def build(cfg: ServingConfig) -> Built:
     from lmforge.engines.lmi_dist.distributed import tensor_parallel_size
     from lmforge.engines.lmi_dist.prompt_scores import ForwardGate
     from lmforge.engines.lmi_dist.sizing import kv_bytes_per_token, plan_kv_cache
+    from lmforge.process import freeze_startup_heap
 
     compat.check_classes()
+    # the imports ran without the cyclic collector (lmforge.process.pause_gc_for_startup): what they
+    # made is for good (frozen), and the weights load with the collector on, so that a cycle holding
+    # tensors (an exception's traceback, say) is freed at once
+    freeze_startup_heap()
     mark("import")
     world = tensor_parallel_size(cfg)
     if cfg.enable_lora and world > 1:
