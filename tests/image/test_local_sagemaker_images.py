@@ -17,7 +17,7 @@ import pytest
 
 from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
-from tests.local_sagemaker import REGION, boto3_clients, lmforge, local_sagemaker
+from tests.local_sagemaker import REGION, boto3_clients, handler_model, lmforge, local_sagemaker
 
 pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
 
@@ -234,15 +234,17 @@ def test_a_container_that_fails_to_start_ends_failed_with_its_log(
 
 
 def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
-    local: dict[str, str], tiny_model: Path, cpu_image: BuiltImage, clients: dict[str, Any]
+    local: dict[str, str], tiny_model: Path, cpu_image: BuiltImage, clients: dict[str, Any], tmp_path: Path
 ) -> None:
     """``lmforge deploy`` with no --image: lmforge's cpu image in the account's ECR; missing there, the
-    deploy stops before uploading and says how to get it there, and --build-image builds and pushes it."""
+    deploy stops before uploading and says how to get it there, and --build-image builds and pushes it.
+    The endpoint serves a user's model.py in the image (the engine in it is the other tests')."""
     from lmforge import __version__
 
     region = "eu-west-1"  # a region whose ECR has no lmforge image yet
     env = {**local, "AWS_DEFAULT_REGION": region}
-    args = ("deploy", str(tiny_model), "--endpoint-name", "shipped", "--instance-type", "ml.m5.xlarge")
+    model = handler_model(tiny_model, tmp_path / "handler")
+    args = ("deploy", str(model), "--endpoint-name", "shipped", "--instance-type", "ml.m5.xlarge")
     refused = subprocess.run(
         [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=300
     )

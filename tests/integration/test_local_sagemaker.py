@@ -346,8 +346,10 @@ def test_invalid_model_ends_failed_with_a_reason(
     )
     assert refused.returncode == 1 and "--replace" in refused.stderr
     assert "[3/5]" not in refused.stderr  # refused before packing or uploading anything
+    # what replaces it serves a user's model.py: the check is the replacement, not the engine
+    handler = handler_model(tiny_model, tmp_path / "handler")
     replaced = lmforge(
-        *("deploy", str(tiny_model), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
+        *("deploy", str(handler), "--endpoint-name", "bad-endpoint", "--instance-type", "ml.g6.xlarge"),
         "--replace",
         env=local,
     )
