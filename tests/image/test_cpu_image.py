@@ -162,6 +162,12 @@ def test_sagemaker_contract_inside_the_image(cpu_image: BuiltImage, tiny_model: 
         reply = http_client().post(run.url + "/invocations", json=chat, timeout=60).json()
         assert isinstance(json.loads(reply["choices"][0]["message"]["content"])["ok"], bool), reply
         assert run.exec(["/opt/lmforge/bin/python", "-c", "import triton"]).returncode != 0
+        # the build's warm start (lmforge.container.warm) left the .pyc of what a start imports, and
+        # only those: no model class the example model does not use
+        site = "/opt/lmforge/lib/python3.11/site-packages"
+        used = ("torch/__pycache__/__init__.cpython-311.pyc", "transformers/models/llama/__pycache__")
+        assert run.exec(["ls", *(f"{site}/{path}" for path in used)]).returncode == 0
+        assert run.exec(["ls", f"{site}/transformers/models/bert/__pycache__"]).returncode != 0
         # bidirectional streaming: the image's server speaks WebSocket (the label says it does)
         from websockets.sync.client import connect
 

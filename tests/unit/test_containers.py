@@ -102,6 +102,25 @@ def test_dockerfile_rules(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", FLAVOURS)
+def test_a_warm_flavour_compiles_only_what_its_start_imports(name: str) -> None:
+    """``warm_start``: the dependencies are installed with ``--no-compile`` and the build then starts
+    the server once, as root, before the final ``USER``; any other flavour keeps pip's compile. Only
+    a flavour whose server runs on the building machine (no GPU) may warm."""
+    flavour = load_flavour(name, ROOT)
+    steps = _instructions((ROOT / "containers" / name / "Dockerfile").read_text())
+    installs = [a for w, a in steps if w == "RUN" and "/tmp/lmforge-deps[" in a]
+    warm = [i for i, (w, a) in enumerate(steps) if w == "RUN" and "-m lmforge.container.warm" in a]
+    assert len(installs) == 1
+    if flavour.warm_start:
+        assert not flavour.gpu
+        assert "pip install --no-compile" in installs[0]
+        last_user = max(i for i, (w, _) in enumerate(steps) if w == "USER")
+        assert len(warm) == 1 and warm[0] < last_user, "the warm start runs as root, before USER"
+    else:
+        assert "--no-compile" not in installs[0] and not warm
+
+
+@pytest.mark.parametrize("name", FLAVOURS)
 def test_entrypoint_script_is_valid_sh(name: str) -> None:
     script = ROOT / "containers" / name / "entrypoint.sh"
     subprocess.run(["sh", "-n", str(script)], check=True)
@@ -352,3 +371,16 @@ def test_gpu_flavours_are_not_built_without_a_gpu(monkeypatch: pytest.MonkeyPatc
         assert "for NVIDIA GPUs" in result.output and "lmforge container build cpu" in result.output
         assert "Traceback" not in result.output
     assert build.check_buildable("cpu").gpu is False
+
+
+def test_the_warm_start_names_a_server_that_exits_before_ping(tmp_path: Path) -> None:
+    import subprocess as sp
+    import sys
+    import time
+
+    from lmforge.container.warm import WarmStartError, _wait_for_ping
+
+    proc = sp.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(WarmStartError, match="exited with code 3 before /ping"):
+        _wait_for_ping("http://127.0.0.1:9", proc, time.monotonic() + 30)

@@ -74,6 +74,10 @@ class Flavour:
     """The runtime needs the interpreter's C headers (Python.h): torch.compile's Inductor builds C++
     kernels against them. Installed from Debian (``lib<python>-dev``) when the base image lacks them
     (python:3.11-slim has them; a base made by ``lmforge container base`` from Debian packages does not)."""
+    warm_start: bool = False
+    """Install the dependencies without byte-compiling them, then start the image's server once in the
+    build (:mod:`lmforge.container.warm`) so that only the modules a start imports get a ``.pyc``: for a
+    flavour whose server runs on the building machine (no GPU)."""
     default_options: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     entrypoint_env: dict[str, str] = field(default_factory=dict)
