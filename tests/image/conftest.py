@@ -1,9 +1,11 @@
-"""The cpu image, built once per session from a clean cache, and a runner for containers of it.
+"""The cpu image, built once per session, and a runner for containers of it.
 
-The tests skip where no container engine answers, except where ``LMFORGE_REQUIRE_IMAGE_TESTS=1``
-(CI, which installs podman): there a missing engine fails the session instead. For an inner loop on
-the tests themselves, ``LMFORGE_IMAGE_TESTS_REUSE=REF`` runs them against an image already built
-(``lmforge/cpu:VERSION``) instead of a cold build.
+The build uses the engine's layer cache: on a fresh machine (CI's) it is a cold build, and a later
+build in the session (``lmforge deploy --build-image``) reuses its layers, as a user's would.
+``LMFORGE_IMAGE_TESTS_COLD=1`` builds with ``--no-cache`` instead. The tests skip where no container
+engine answers, except where ``LMFORGE_REQUIRE_IMAGE_TESTS=1`` (CI, which installs podman): there a
+missing engine fails the session instead. For an inner loop on the tests themselves,
+``LMFORGE_IMAGE_TESTS_REUSE=REF`` runs them against an image already built (``lmforge/cpu:VERSION``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def cpu_image(engine: Any, request: pytest.FixtureRequest) -> Iterator[BuiltImage]:
-    """``lmforge container build cpu --no-cache`` (on the Debian-made base when the pinned one is absent)."""
+    """``lmforge container build cpu`` (on the Debian-made base when the pinned one is absent)."""
     from lmforge.container.build import BuildResult
 
     reuse = os.environ.get("LMFORGE_IMAGE_TESTS_REUSE")

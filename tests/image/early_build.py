@@ -1,4 +1,4 @@
-"""The cold build of the cpu image for tests/image, shared by every pytest-xdist worker of a run.
+"""The build of the cpu image for tests/image, shared by every pytest-xdist worker of a run.
 
 tests/image/conftest.py starts it; tests/conftest.py (which the run's main process also loads, where
 an xdist controller never loads tests/image/conftest.py) clears and stops it."""
@@ -22,7 +22,7 @@ import pytest
 
 
 class EarlyBuild:
-    """The cold build of the cpu image, started in its own process as soon as the session knows it
+    """The build of the cpu image, started in its own process as soon as the session knows it
     has image tests (they run last), so that it overlaps the other tests instead of adding to them.
 
     One build per test run, also under pytest-xdist: the build lives in a folder named after the run's
