@@ -1090,22 +1090,21 @@ def test_chat_length_errors_name_the_chat_fields(load_server: RemoteServer) -> N
     assert err["param"] == "messages", err
 
 
-def test_extreme_sampling_values_never_kill_the_engine(tiny_model: Path) -> None:
+def test_extreme_sampling_values_never_kill_the_engine(load_server: RemoteServer) -> None:
     """A sampled request whose temperature or repetition_penalty overflows the logits used to make
     torch.multinomial raise inside the generation loop, which took the engine down for everyone. Both
-    are valid requests and are answered; the engine lives on (a server of its own: were the engine to
-    die again, only this test would see it)."""
-    with RemoteServer(tiny_model) as server:
-        for extreme in ({"temperature": 1e-40}, {"repetition_penalty": 1e-39}):
-            params = {"max_new_tokens": 4, "do_sample": True, "seed": 1, **extreme}
-            resp = http_client().post(
-                server.url + "/invocations",
-                json={"inputs": "def f(x): return x", "parameters": params},
-                timeout=30,
-            )
-            assert resp.status_code == 200, resp.text
-            assert isinstance(resp.json()["generated_text"], str), resp.text  # a token may decode to ""
-            time.sleep(0.5)  # the supervisor notices a dead loop within 0.25 s
-            assert http_client().get(server.url + "/ping", timeout=5).status_code == 200, (
-                "one request killed the engine"
-            )
+    are valid requests and are answered; the engine lives on. (On the module's server: should the
+    engine die again, this test fails, and so would any test after it on that server.)"""
+    for extreme in ({"temperature": 1e-40}, {"repetition_penalty": 1e-39}):
+        params = {"max_new_tokens": 4, "do_sample": True, "seed": 1, **extreme}
+        resp = http_client().post(
+            load_server.url + "/invocations",
+            json={"inputs": "def f(x): return x", "parameters": params},
+            timeout=30,
+        )
+        assert resp.status_code == 200, resp.text
+        assert isinstance(resp.json()["generated_text"], str), resp.text  # a token may decode to ""
+        time.sleep(0.5)  # the supervisor notices a dead loop within 0.25 s
+        assert http_client().get(load_server.url + "/ping", timeout=5).status_code == 200, (
+            "one request killed the engine"
+        )
