@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from lmforge.handlers.openai_api import ChatMessage, ChatRequest, StreamOptions
 from lmforge.handlers.requests import LmiParameters, LmiRequest
 from lmforge.testing.server import RemoteServer, http_client, metrics
+from tests.conftest import Reference
 from tests.integration.test_lifecycle import with_properties
 
 pytestmark = [pytest.mark.load, pytest.mark.integration]
@@ -424,6 +425,30 @@ def test_sigterm_under_load_finishes_or_ends_every_stream_and_exits_zero(
 # --------------------------------------------------------------------------- 4. engine loop killed
 
 
+def tensor_parallel_matches_one_process(srv: RemoteServer, reference: Reference) -> None:
+    """Greedy tokens equal transformers' own, and a seeded sampled request draws the same tokens twice
+    (both ranks sample alike)."""
+    for prompt in ("def ", "import os\n"):
+        ids, _ = reference.greedy(prompt, 20)
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 20, "details": True}}
+        out = http_client().post(srv.url + "/invocations", json=body, timeout=60).json()
+        assert [t["id"] for t in out["details"]["tokens"]] == ids
+    params = {
+        "max_new_tokens": 12,
+        "do_sample": True,
+        "temperature": 0.8,
+        "repetition_penalty": 1.2,
+        "seed": 3,
+    }
+    texts = {
+        http_client()
+        .post(srv.url + "/invocations", json={"inputs": "def ", "parameters": params}, timeout=60)
+        .json()["generated_text"]
+        for _ in range(2)
+    }
+    assert len(texts) == 1
+
+
 @pytest.mark.parametrize(
     ("victim", "cause"),
     [
@@ -433,12 +458,13 @@ def test_sigterm_under_load_finishes_or_ends_every_stream_and_exits_zero(
     ids=["rank-1", "engine-core"],
 )
 def test_killed_engine_process_ends_in_flight_requests_ping_turns_503_and_the_server_exits(
-    tiny_model: Path, tmp_path: Path, victim: str, cause: str
+    tiny_model: Path, tmp_path: Path, reference: Reference, victim: str, cause: str
 ) -> None:
     """The honest way to break the generation loop from outside: SIGKILL the rank-1 process of a
     tensor-parallel (``option.tensor_parallel_degree=2``) engine, or the engine core of a one-process
     engine, while it decodes a full batch. Every request ends with an error naming the cause,
-    ``/ping`` says 503, and the server exits non-zero on its own (its container is replaced)."""
+    ``/ping`` says 503, and the server exits non-zero on its own (its container is replaced). Before
+    its rank dies, the tensor-parallel engine answers what one process answers."""
     ranks = "2" if victim.endswith("follower") else "1"
     model = with_properties(
         tiny_model,
@@ -448,6 +474,8 @@ def test_killed_engine_process_ends_in_flight_requests_ping_turns_503_and_the_se
     srv = RemoteServer(model).start()
     assert srv.proc is not None
     try:
+        if ranks == "2":
+            tensor_parallel_matches_one_process(srv, reference)
         params = {"max_new_tokens": 600, "details": True, "ignore_eos_token": True}
         texts = prompts(16, seed=5)
         bodies: list[dict[str, Any]] = [
