@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer
+from tests.conftest import Reference
 from tests.local_sagemaker import boto3_clients, local_sagemaker
 from tests.shared_vllm import VLLM_SHARED_PROPERTIES, SharedVllm
 
@@ -45,6 +46,16 @@ def smollm2_lmi_dist(smollm2_model: Path) -> Iterator[RemoteServer]:
     assert "option.rolling_batch=lmi-dist" in (smollm2_model / "serving.properties").read_text()
     with RemoteServer(smollm2_model) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_model: Path) -> Reference:
+    """transformers' own SmolLM2-135M (fp32) on the same folder, loaded once for the modules of the
+    smollm2 group that compare against it (test_real_model, test_same_answer)."""
+    import torch
+
+    torch.set_num_threads(1)
+    return Reference(smollm2_model)
 
 
 @pytest.fixture(scope="session")

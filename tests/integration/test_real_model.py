@@ -45,12 +45,9 @@ Expected = dict[str, Want]
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2_model: Path) -> Expected:
+def expected(smollm2_reference: Reference) -> Expected:
     """transformers' greedy ids, log-probs and text for each completion prompt and for the chat."""
-    import torch
-
-    torch.set_num_threads(1)
-    ref = Reference(smollm2_model)
+    ref = smollm2_reference
     out: Expected = {}
     for prompt in COMPLETIONS:
         ids, logprobs = ref.greedy(prompt, NEW)

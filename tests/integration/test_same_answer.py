@@ -11,11 +11,10 @@ got log-probs off by up to 15 nats, and kept them afterwards alone. This module 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from lmforge.testing.server import RemoteServer
+from tests.conftest import Reference
 from tests.same_answer import Probe, echo_probe, prompt_logprobs, same_alone_and_in_a_crowd, standard_probes
 from tests.shared_vllm import needs_vllm
 
@@ -35,14 +34,11 @@ REFERENCE_TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def reference_scores(smollm2_model: Path) -> dict[str, tuple[list[int], list[float]]]:
+def reference_scores(smollm2_reference: Reference) -> dict[str, tuple[list[int], list[float]]]:
     """transformers' log-prob of each prompt token given those before it (one forward pass)."""
     import torch
 
-    from tests.conftest import Reference
-
-    torch.set_num_threads(1)
-    ref = Reference(smollm2_model)
+    ref = smollm2_reference
     out = {}
     for prompt in PROMPTS:
         ids = list(ref.tokenizer(prompt)["input_ids"])
