@@ -77,9 +77,9 @@ def build(tag: str, out: Path) -> None:
     (out / LMFORGE_NAMED_BEFORE).write_text("\n".join(lmforge_named(engine)))
     if not engine.image_exists(load_flavour("cpu").base_image):
         build_base(engine, print)
-    # with the engine's layer cache (cold on a fresh machine, as CI's): the layers of a --no-cache build
-    # are not reused by a later build (buildah skips their RUN --mount=type=secret steps), so the test
-    # of `lmforge deploy --build-image` built and pushed the whole image a second time (~70 CPU-s)
+    # with the engine's layer cache (cold on a fresh machine, as CI's): after a --no-cache build, the
+    # test of `lmforge deploy --build-image` re-ran RUN --mount=type=secret steps of it (the wheel stage
+    # every run, ~17 CPU-s; once the dependencies too, ~60)
     no_cache = os.environ.get("LMFORGE_IMAGE_TESTS_COLD") == "1"
     result = build_flavour("cpu", engine, lambda line: print(line, flush=True), tag=tag, no_cache=no_cache)
     (out / "result.json.part").write_text(json.dumps(dataclasses.asdict(result)))
