@@ -86,7 +86,7 @@ def _download_prefix(s3: Any, uri: str, model_dir: Path, deadline: float) -> Non
 
     bucket, prefix = _split_s3(uri)
     try:
-        download_prefix(s3, bucket, prefix, model_dir, deadline=deadline)
+        download_prefix(s3, bucket, prefix, model_dir, deadline=deadline, whole_objects=True)
     except DownloadError as exc:
         if "took longer" in str(exc):
             raise ModelDataError(
