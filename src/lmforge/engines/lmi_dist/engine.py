@@ -91,22 +91,12 @@ class LmiDistEngine(EngineBase):
         started = time.monotonic()
         core = CoreProcess(self.config, self._on_outputs, self._on_death)
         self._core = core
-        # the tokenizer loads here while the core loads the model; a tokenizer that fails stops the
-        # core's load at once (a large model's would take minutes to end in the same failure)
-        tokenizer = asyncio.ensure_future(asyncio.to_thread(self._load_tokenizer))
-        starting = asyncio.ensure_future(core.start())
+        # the tokenizer loads here while the core loads the model
+        tokenizer = asyncio.create_task(asyncio.to_thread(self._load_tokenizer))
         try:
-            await asyncio.wait((tokenizer, starting), return_when=asyncio.FIRST_EXCEPTION)
-            if tokenizer.done() and tokenizer.exception() is not None:
-                starting.cancel()  # CoreProcess.start kills the core when cancelled
-                await asyncio.gather(starting, return_exceptions=True)
-                tokenizer.result()
-            ready = await starting
+            ready = await core.start()
         finally:
-            if not starting.done():  # cancelled while starting: the server is stopping
-                starting.cancel()
-                await asyncio.gather(starting, return_exceptions=True)
-            await asyncio.gather(tokenizer, return_exceptions=True)
+            await tokenizer
         self.max_model_len = ready.max_model_len
         self._eos_ids = frozenset(ready.eos_ids)
         self.plan = ready.plan
