@@ -80,3 +80,27 @@ def test_what_is_remote(tmp_path: Path) -> None:
         and not is_remote("https://example.com/x")
         and not is_remote("./local/dir")
     )
+
+
+@pytest.mark.parametrize(("whole_objects", "ranged"), [(False, True), (True, False)])
+def test_whole_objects_come_in_one_get_each(tmp_path: Path, whole_objects: bool, ranged: bool) -> None:
+    """boto3's transfer manager reads an object over its threshold in ranged GETs; the local S3 (moto)
+    reads the whole object for each of them, so the local provisioner asks for one plain GET each."""
+    import boto3
+    import moto
+
+    from lmforge.artifacts.download import download_prefix
+
+    data = os.urandom(9 * 2**20)  # over boto3's 8 MiB multipart threshold
+    ranges: list[str | None] = []
+    with moto.mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="models")
+        s3.put_object(Bucket="models", Key="m/model.safetensors", Body=data)
+        s3.meta.events.register(
+            "before-send.s3.GetObject", lambda request, **_: ranges.append(request.headers.get("Range"))
+        )
+        count, total = download_prefix(s3, "models", "m", tmp_path / "out", whole_objects=whole_objects)
+    assert (count, total) == (1, len(data))
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == data
+    assert ranges and all((r is not None) == ranged for r in ranges), ranges

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +30,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from lmforge.process import free_port, gc_paused
+
 #: seconds for the example model's server to answer ``/ping`` (a cold start on a busy builder)
 START_TIMEOUT_S = 600.0
 #: seconds to drain and exit after SIGTERM (SageMaker allows 30)
@@ -39,12 +40,6 @@ STOP_TIMEOUT_S = 60.0
 
 class WarmStartError(Exception):
     """The image's server did not start, answer or stop as it must."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _post(url: str, body: dict[str, object]) -> bytes:
@@ -99,7 +94,7 @@ def warm_start(say: Callable[[str], None] = print) -> int:
     before = _count_compiled(site)
     with tempfile.TemporaryDirectory(prefix="lmforge-warm-") as tmp_name:
         tmp = Path(tmp_name)
-        port = _free_port()
+        port = free_port()
         base = f"http://127.0.0.1:{port}"
         # every cache this process and the server might fill goes in the folder that is removed
         isolated = {
@@ -117,7 +112,6 @@ def warm_start(say: Callable[[str], None] = print) -> int:
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # writing .pyc files is the point
         sys.dont_write_bytecode = False
         from lmforge.models.example import write_example_model
-        from lmforge.process import gc_paused
 
         say("warm start: writing the example model")
         with gc_paused():  # torch's and transformers' imports: see lmforge.process
