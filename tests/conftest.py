@@ -111,7 +111,7 @@ def pytest_collection(session: pytest.Session) -> Any:
     try:
         return (yield)
     finally:
-        freeze_startup_heap()
+        freeze_startup_heap(collect=False)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

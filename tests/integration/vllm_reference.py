@@ -85,7 +85,7 @@ def main() -> None:
         max_loras=1,  # one slot: index -1 aliases it
         max_lora_rank=16,
     )
-    freeze_startup_heap()
+    freeze_startup_heap(collect=True)
     result = {"offline": offline(llm, job["offline"]), "lora": lora_batch(llm, job["lora"])}
     with open(out_path, "w") as f:
         json.dump(result, f)

@@ -61,7 +61,7 @@ def test_an_exception_still_ends_with_its_traceback(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_freeze_startup_heap_collects_cycles_then_hides_the_rest_from_the_collector() -> None:
+def test_freeze_startup_heap_hides_the_heap_from_the_collector_collecting_its_cycles_if_asked() -> None:
     code = textwrap.dedent(
         """
         import gc, weakref
@@ -70,13 +70,22 @@ def test_freeze_startup_heap_collects_cycles_then_hides_the_rest_from_the_collec
         class Node:
             pass
 
+        def garbage():  # start-up's garbage: a cycle nothing else reaches
+            cycle = Node(); cycle.me = cycle
+            return weakref.ref(cycle)
+
         live = [Node() for _ in range(1000)]  # what start-up keeps
-        cycle = Node(); cycle.me = cycle; dead = weakref.ref(cycle); del cycle  # start-up's garbage
         gc.disable()
-        freeze_startup_heap()
-        assert dead() is None, "cyclic garbage was frozen instead of collected"
+        kept = garbage()
+        freeze_startup_heap(collect=False)
+        assert kept() is not None, "collect=False walked the heap"
         assert gc.get_freeze_count() >= len(live)
         assert not any(o is live for o in gc.get_objects())  # a full collection no longer walks it
+        gc.collect()
+        assert kept() is not None, "frozen garbage is kept for good"
+        dead = garbage()
+        freeze_startup_heap(collect=True)
+        assert dead() is None, "cyclic garbage was frozen instead of collected"
         print("ok")
         """
     )
@@ -97,11 +106,11 @@ def test_the_collector_is_off_for_the_start_up_on_after_it_and_on_in_a_child_for
             os._exit(0 if gc.isenabled() else 3)
         assert os.waitpid(pid, 0)[1] == 0, "the forked child runs without the collector"
         assert not gc.isenabled(), "the fork turned the parent's collector back on"
-        freeze_startup_heap()
+        freeze_startup_heap(collect=False)
         assert gc.isenabled()
         gc.disable()  # someone else's choice: kept by both
         pause_gc_for_startup()
-        freeze_startup_heap()
+        freeze_startup_heap(collect=True)
         assert not gc.isenabled()
         print("ok")
         """

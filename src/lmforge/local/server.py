@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the local SageMaker could not start: %s", exc)
         local.stop()
         return 3
-    freeze_startup_heap()  # a long-lived process: its collections walk only what serving makes
+    freeze_startup_heap(collect=False)  # a long-lived process: its collections walk only what serving makes
     state_path = local.state_dir / STATE_FILE
     tmp = state_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(local.state(), indent=2) + "\n")

@@ -13,6 +13,7 @@ connections are refused while draining.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -136,7 +137,9 @@ def serve(
         server.should_exit = True
 
     app.on_load_failure = on_load_failure
-    app.on_loaded = freeze_startup_heap  # this process serves from now on: its start-up heap is for good
+    # this process serves from now on: its start-up heap is for good (weights live in engine processes
+    # or, for an in-process engine, were loaded with the collector on)
+    app.on_loaded = functools.partial(freeze_startup_heap, collect=False)
     app.on_engine_death = on_load_failure
 
     async def main() -> None:

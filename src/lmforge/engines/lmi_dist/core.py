@@ -132,7 +132,7 @@ class Core:
         built.manager.output_router = self.router
         if built.manager.batch_processor is not None:  # made by the warm-up; start() reuses it
             built.manager.batch_processor.output_router = self.router
-        freeze_startup_heap()
+        freeze_startup_heap(collect=True)  # what the load made since the imports' freeze: small
         built.manager.start()
         self.built = built
         plan = asdict(built.plan)

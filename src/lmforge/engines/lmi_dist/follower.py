@@ -22,7 +22,7 @@ def main() -> int:
     config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
     parent = os.getppid()
     built = build(config)
-    freeze_startup_heap()
+    freeze_startup_heap(collect=True)  # what the load made since the imports' freeze: small
     built.manager.start()
     thread = built.manager._generation_thread
     while thread is not None and thread.is_alive():

@@ -103,9 +103,9 @@ def build(cfg: ServingConfig) -> Built:
 
     compat.check_classes()
     # the imports ran without the cyclic collector (lmforge.process.pause_gc_for_startup): what they
-    # made is for good (frozen), and the weights load with the collector on, so that a cycle holding
-    # tensors (an exception's traceback, say) is freed at once
-    freeze_startup_heap()
+    # made is for good (frozen, their little garbage with it), and the weights load with the collector
+    # on, so that a cycle holding tensors (an exception's traceback, say) is freed at once
+    freeze_startup_heap(collect=False)
     mark("import")
     world = tensor_parallel_size(cfg)
     if cfg.enable_lora and world > 1:
