@@ -111,13 +111,37 @@ def test_a_warm_flavour_compiles_only_what_its_start_imports(name: str) -> None:
     installs = [a for w, a in steps if w == "RUN" and "/tmp/lmforge-deps[" in a]
     warm = [i for i, (w, a) in enumerate(steps) if w == "RUN" and "-m lmforge.container.warm" in a]
     assert len(installs) == 1
+    deps = installs[0]
+    # uv compiles only when told to; pip unless told not to
+    compiles = "--compile-bytecode" in deps if flavour.uv else "--no-compile" not in deps
     if flavour.warm_start:
         assert not flavour.gpu
-        assert "pip install --no-compile" in installs[0]
+        assert not compiles
         last_user = max(i for i, (w, _) in enumerate(steps) if w == "USER")
         assert len(warm) == 1 and warm[0] < last_user, "the warm start runs as root, before USER"
     else:
-        assert "--no-compile" not in installs[0] and not warm
+        assert compiles and not warm
+
+
+@pytest.mark.parametrize("name", FLAVOURS)
+def test_a_uv_flavour_installs_its_dependencies_with_uv_from_pips_settings(name: str) -> None:
+    """``uv``: the dependency layer comes from ``uv pip install``, with the options
+    :mod:`lmforge.container.pip_to_uv` reads from the build's pip.conf secret, and uv (pinned) leaves
+    the image in the same step; any other flavour installs them with pip."""
+    flavour = load_flavour(name, ROOT)
+    steps = _instructions((ROOT / "containers" / name / "Dockerfile").read_text())
+    deps = next(a for w, a in steps if w == "RUN" and "/tmp/lmforge-deps[" in a)
+    if not flavour.uv:
+        assert "uv pip" not in deps and "pip_to_uv" not in deps
+        return
+    assert re.fullmatch(r"uv==[0-9][0-9.]*", flavour.uv)
+    assert "--mount=type=bind,source=src/lmforge/container/pip_to_uv.py,target=/tmp/pip_to_uv.py" in deps
+    assert f'pip install --no-compile "{flavour.uv}"' in deps
+    settings = deps.index(f'eval "$({flavour.python} /tmp/pip_to_uv.py /run/secrets/pipconf)"')
+    install = deps.index("/opt/lmforge/bin/uv pip install --python /opt/lmforge/bin/python --no-cache")
+    assert settings < install and '"$@"' in deps[install:]
+    assert "export SSL_CERT_FILE=/run/secrets/pipca" in deps
+    assert deps.index("/opt/lmforge/bin/pip uninstall -y uv") > install
 
 
 @pytest.mark.parametrize("name", FLAVOURS)

@@ -78,6 +78,9 @@ class Flavour:
     """Install the dependencies without byte-compiling them, then start the image's server once in the
     build (:mod:`lmforge.container.warm`) so that only the modules a start imports get a ``.pyc``: for a
     flavour whose server runs on the building machine (no GPU)."""
+    uv: str = ""
+    """A requirement for uv (``uv==0.13.9``): the dependency layer is installed with it rather than pip,
+    from the same package settings (:mod:`lmforge.container.pip_to_uv`); empty: pip."""
     default_options: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     entrypoint_env: dict[str, str] = field(default_factory=dict)
