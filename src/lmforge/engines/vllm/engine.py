@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
@@ -130,10 +131,12 @@ class VllmEngine(EngineBase):
         if self.config.enable_lora:
             _allow_lora_fix()
         from lmforge.engines.vllm.compile_cache import prepare
+        from lmforge.engines.vllm.exit_plugin import ENV as EXIT_FREEZE_ENV
         from lmforge.engines.vllm.process_start import fork_engine_core
 
         self.compile_cache = await asyncio.to_thread(prepare, self.config, kwargs, self.compile_capture)
         fork_engine_core()
+        os.environ.setdefault(EXIT_FREEZE_ENV, "1")  # vLLM's workers skip the last walk of their heap
         started = time.monotonic()
         # lmforge's tokenizer loads while vLLM's processes start (this thread mostly waits on them)
         tokenizer = asyncio.ensure_future(asyncio.to_thread(self._load_tokenizer, kwargs))
