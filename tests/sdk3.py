@@ -20,7 +20,9 @@ SDK3 = Path(sys.prefix) / "sdk3"
 #: includes .venv's v2: a module v3 lacks would load from v2 instead of failing as it does where only
 #: v3 is installed. Trimming ``__path__`` once, before anything else imports, closes that.
 V3_ONLY = (
-    "import gc; gc.disable(); "  # a short script: the collector would only walk v3's import-time heap
+    # a short script: the collector would only walk v3's import-time heap, the exit's last collection
+    # too (0.45 CPU-s of each run) unless that heap is frozen first
+    "import atexit, gc; gc.disable(); atexit.register(gc.freeze); "
     "import os, runpy, sys, sagemaker; "
     "sagemaker.__path__[:] = [p for p in sagemaker.__path__ if os.path.dirname(p) == sys.argv[1]]; "
     "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"

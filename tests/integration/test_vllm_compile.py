@@ -161,8 +161,9 @@ def test_a_changed_max_model_len_is_a_logged_miss_that_required_refuses(
 #: decide_here on each folder (what a start decides, without starting one): one process, one vLLM import
 _DECIDE = textwrap.dedent(
     """
-    import gc, json, sys
+    import atexit, gc, json, sys
     gc.disable()  # a vLLM import and a few decisions, then exit
+    atexit.register(gc.freeze)  # the exit's last collection would walk vLLM's heap: ~1 CPU-s
     from pathlib import Path
     from lmforge.config import load_config
     from lmforge.engines.vllm.compile_run import decide_here
