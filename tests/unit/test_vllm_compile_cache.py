@@ -279,6 +279,33 @@ def test_required_refuses_a_miss_naming_the_field_and_auto_compiles_just_in_time
     assert vllm_environ["VLLM_FORCE_AOT_LOAD"] == "1"  # a graph that fails to load fails the start
 
 
+def test_a_compile_starts_from_the_users_model_inspections_and_gives_back_what_it_learned(
+    tmp_path: Path, vllm_environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "user-cache"
+    (home / "modelinfos").mkdir(parents=True)
+    (home / "modelinfos" / "known.json").write_text('{"hash": "user"}')
+    vllm_environ["VLLM_CACHE_ROOT"] = str(home)
+    monkeypatch.setattr(StartFacts, "collect", classmethod(lambda cls, config, kwargs: facts()))
+    capture = tmp_path / "capture"
+    state = prepare(ServingConfig(model_dir=tmp_path / "model"), {}, capture_to=capture)
+    assert vllm_environ["VLLM_CACHE_ROOT"] == str(capture)
+    assert (capture / "modelinfos" / "known.json").read_text() == '{"hash": "user"}'  # seeded
+    # what vLLM writes while it builds its configuration: a new class, and the known one rewritten
+    (capture / "modelinfos" / "learned.json").write_text('{"hash": "new"}')
+    (capture / "modelinfos" / "known.json").write_text('{"hash": "capture"}')
+    state.share_model_infos()
+    assert (home / "modelinfos" / "learned.json").read_text() == '{"hash": "new"}'
+    assert (home / "modelinfos" / "known.json").read_text() == '{"hash": "user"}'  # left alone
+    assert sorted(p.name for p in (home / "modelinfos").iterdir()) == ["known.json", "learned.json"]
+    (tmp_path / "a-file").write_text("")
+    blocked = dataclasses.replace(state, model_infos_home=tmp_path / "a-file" / "modelinfos")
+    blocked.share_model_infos()  # a cache that cannot be written (root ignores modes): skipped
+    # a start that is not a compile shares nothing
+    plain = compile_cache.CompileCache(Decision("none"), facts(), "auto")
+    plain.share_model_infos()
+
+
 def test_deploy_compiles_only_where_the_instance_can_use_it() -> None:
     ice_lake = dataclasses.replace(CPU, cpu_flags=("avx2", "avx512f", "avx512_vnni"))
     assert compile_here_problem("ml.m6i.xlarge", ice_lake) is None

@@ -159,6 +159,9 @@ class CompileCache:
     """The writable copy of the compiled cache that vLLM uses on a hit (removed by :meth:`cleanup`)."""
     capture_root: Path | None = None
     """``lmforge compile``: the empty cache folder vLLM compiles into."""
+    model_infos_home: Path | None = None
+    """``lmforge compile``: the ``modelinfos/`` of the ``VLLM_CACHE_ROOT`` in effect before, which seeded
+    the capture's and gets back what vLLM learns there (:meth:`share_model_infos`)."""
     recompiled: bool = False
     _before: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -180,6 +183,30 @@ class CompileCache:
             )
         else:
             log.info("vLLM loaded the compiled graph: nothing was compiled at this start")
+
+    def share_model_infos(self) -> None:
+        """``lmforge compile``: what vLLM learned of model classes in the capture (``modelinfos/``,
+        written while it builds its configuration, before its engine starts) also goes to the cache it
+        was seeded from, so that the next start there of the same class does not inspect it again in a
+        subprocess (~8 CPU-s). Entries already there are left alone; a cache that cannot be written is
+        skipped (logged)."""
+        if self.capture_root is None or self.model_infos_home is None:
+            return
+        learned = self.capture_root / "modelinfos"
+        if not learned.is_dir():
+            return
+        try:
+            self.model_infos_home.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(learned.glob("*.json")):
+                target = self.model_infos_home / entry.name
+                if target.exists():
+                    continue
+                partial = target.with_name(f".{entry.name}.{os.getpid()}.tmp")
+                shutil.copyfile(entry, partial)
+                os.replace(partial, target)  # whole or not at all, for a start reading it meanwhile
+                log.info("vLLM's inspection of %s kept in %s", entry.stem, self.model_infos_home)
+        except OSError as exc:
+            log.info("vLLM's model inspections not kept in %s: %s", self.model_infos_home, exc)
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` gauges: which of hit, miss and none this start was, and whether a hit compiled."""
@@ -209,10 +236,11 @@ def prepare(
     mode = config.compile_cache
     if capture_to is not None:
         capture_to.mkdir(parents=True, exist_ok=True)
-        _seed_model_infos(capture_to)
+        home = _seed_model_infos(capture_to)
         _point_vllm_at(capture_to)
         log.info("compile cache: none (lmforge compile: compiling into %s)", capture_to)
-        return CompileCache(Decision("none", reason="lmforge compile"), facts, mode, capture_root=capture_to)
+        decision = Decision("none", reason="lmforge compile")
+        return CompileCache(decision, facts, mode, capture_root=capture_to, model_infos_home=home)
     decision = decide(config.model_dir, mode, lambda: facts)
     log.log(logging.WARNING if decision.status == "miss" else logging.INFO, "%s", decision.line())
     if mode == "required" and decision.status != "hit":
@@ -251,14 +279,18 @@ def _remove_stale_copies(tmp: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _seed_model_infos(root: Path) -> None:
+def _seed_model_infos(root: Path) -> Path | None:
     """Start a compile from what vLLM already learned of model classes (``modelinfos/`` of the
     ``VLLM_CACHE_ROOT`` in effect): vLLM checks each entry against its module's hash when it reads it,
-    and without one it inspects the model class in a subprocess (several CPU-seconds)."""
+    and without one it inspects the model class in a subprocess (several CPU-seconds). Returns that
+    folder (None when it is the capture's own)."""
     current = os.environ.get("VLLM_CACHE_ROOT") or str(Path.home() / ".cache" / "vllm")
     source = Path(current).expanduser() / "modelinfos"
-    if source.is_dir() and source.resolve() != (root / "modelinfos").resolve():
+    if source.resolve() == (root / "modelinfos").resolve():
+        return None
+    if source.is_dir():
         shutil.copytree(source, root / "modelinfos", dirs_exist_ok=True, ignore=_ignore_transient)
+    return source
 
 
 def _point_vllm_at(root: Path) -> None:

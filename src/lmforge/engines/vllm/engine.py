@@ -34,7 +34,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,7 @@ class VllmEngine(EngineBase):
         # lmforge's tokenizer loads while vLLM's processes start (this thread mostly waits on them)
         tokenizer = asyncio.ensure_future(asyncio.to_thread(self._load_tokenizer, kwargs))
         try:
-            self._llm = await asyncio.to_thread(self._create, kwargs)
+            self._llm = await asyncio.to_thread(self._create, kwargs, self.compile_cache.share_model_infos)
         except BaseException:
             tokenizer.cancel()
             raise
@@ -153,12 +153,23 @@ class VllmEngine(EngineBase):
         log.info("vLLM engine ready in %.1f s (max_model_len %d)", self.load_seconds, self.max_model_len)
 
     @staticmethod
-    def _create(kwargs: dict[str, Any]) -> Any:
+    def _create(kwargs: dict[str, Any], configured: Callable[[], None]) -> Any:
+        """``AsyncLLM.from_engine_args``'s two steps, with ``configured`` called between them: vLLM's
+        configuration made (the model class inspected), its engine not started yet."""
         from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         loggers = _no_prometheus()
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
+        args = AsyncEngineArgs(**kwargs)
+        vllm_config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        configured()
+        return AsyncLLM.from_vllm_config(
+            vllm_config,
+            stat_loggers=loggers,
+            enable_log_requests=args.enable_log_requests,
+            disable_log_stats=args.disable_log_stats,
+        )
 
     def _engine_input(self, prompt_ids: list[int]) -> Any:
         """The prompt as vLLM's renderer makes it for ``AsyncLLM.generate`` (``Renderer.render_cmpl``, the
