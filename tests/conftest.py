@@ -126,6 +126,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     EarlyBuild.stop(session.config)
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The process ends next (a pytest-xdist worker, whose exit the controller waits for): the
+    interpreter's last collection would walk everything the tests made; frozen, it does not."""
+    import gc
+
+    gc.freeze()
+
+
 #: Test files that share an expensive server or build, kept on one pytest-xdist worker by ``make test``
 #: (``-n 3 --dist loadscope``); any other file is a group of its own (its module-scoped servers).
 _SHARED_GROUPS = {
