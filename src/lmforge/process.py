@@ -103,6 +103,15 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def freeze_imports() -> None:
+    """Move what the imports so far made out of the collector's view (:func:`gc.freeze`), without a
+    collection and leaving a paused collector paused: for a start with more to do before
+    :func:`freeze_startup_heap` (building an engine, loading weights), whose final collection then
+    walks only what came after. Imports make next to no cyclic garbage (vLLM's, in a server process:
+    ~17 000 of ~980 000 objects, kept for good), and walking them cost 0.6 CPU-s."""
+    gc.freeze()
+
+
 def freeze_startup_heap(*, collect: bool) -> None:
     """Move every object the process holds (modules, the tokenizer, the engine's state: what lives as
     long as the process) out of the garbage collector's view (:func:`gc.freeze`), and turn the

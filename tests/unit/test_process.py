@@ -97,7 +97,7 @@ def test_the_collector_is_off_for_the_start_up_on_after_it_and_on_in_a_child_for
     code = textwrap.dedent(
         """
         import gc, os
-        from lmforge.process import freeze_startup_heap, pause_gc_for_startup
+        from lmforge.process import freeze_imports, freeze_startup_heap, pause_gc_for_startup
 
         pause_gc_for_startup()
         assert not gc.isenabled()
@@ -106,6 +106,9 @@ def test_the_collector_is_off_for_the_start_up_on_after_it_and_on_in_a_child_for
             os._exit(0 if gc.isenabled() else 3)
         assert os.waitpid(pid, 0)[1] == 0, "the forked child runs without the collector"
         assert not gc.isenabled(), "the fork turned the parent's collector back on"
+        live = [object() for _ in range(10)]
+        freeze_imports()  # mid-start: frozen, and the collector stays off
+        assert not gc.isenabled() and gc.get_freeze_count() >= len(live)
         freeze_startup_heap(collect=False)
         assert gc.isenabled()
         gc.disable()  # someone else's choice: kept by both

@@ -137,9 +137,9 @@ def serve(
         server.should_exit = True
 
     app.on_load_failure = on_load_failure
-    # this process serves from now on: its start-up heap is for good (weights live in engine processes
-    # or, for an in-process engine, were loaded with the collector on)
-    app.on_loaded = functools.partial(freeze_startup_heap, collect=False)
+    # this process serves from now on: its start-up heap is for good (its garbage collected first: an
+    # in-process engine or a model.py may have loaded weights here, with the collector paused)
+    app.on_loaded = functools.partial(freeze_startup_heap, collect=True)
     app.on_engine_death = on_load_failure
 
     async def main() -> None:

@@ -114,8 +114,10 @@ class VllmEngine(EngineBase):
 
     async def start(self) -> None:
         from lmforge.engines.vllm.options import engine_kwargs
+        from lmforge.process import freeze_imports
 
         kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        freeze_imports()  # vLLM is imported: the server's collection at the end of the start skips it
         if self.config.tool_call_parser:
             from lmforge.engines.vllm.tool_calls import parser_class
 
