@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,13 @@ def test_least_outstanding_requests_spreads_concurrent_streams(
     assert not errors, errors
     after = instances(local)
     assert sorted(i["invocations"] - before[i["port"]] for i in after) == [2, 2]
-    assert all(i["outstanding"] == 0 for i in after)
+    # the runtime counts a stream as outstanding until its relay has sent the last bytes, which the
+    # client may read first: every count must be back to 0 within moments, not at this very instant
+    deadline = time.monotonic() + 10
+    while any(i["outstanding"] for i in after):
+        assert time.monotonic() < deadline, f"outstanding requests never drained: {after}"
+        time.sleep(0.05)
+        after = instances(local)
     # each instance's own server counted what the router says it sent
     assert sum(served_by_container(i["port"]) for i in after) >= sum(i["invocations"] for i in after) - 1
 
