@@ -217,6 +217,19 @@ def test_vllms_worker_sleeps_between_requests(served: tuple[RemoteServer, list[d
     assert spent < 0.15, f"vLLM's worker used {spent:.2f} CPU-s in 0.9 s with no request"
 
 
+def test_vllms_worker_is_told_to_freeze_its_heap_at_exit(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    """lmforge's vLLM engine turns on the ``lmforge_exit_freeze`` plugin for the worker vLLM spawns
+    (:mod:`lmforge.engines.vllm.exit_plugin`; what the plugin does at exit is
+    tests/unit/test_vllm_exit_plugin.py's). The worker renames its process, which blanks what /proc
+    shows of its environment: its log line says the plugin ran there with the variable set."""
+    server, _ = served
+    log = server.log_path.read_text(errors="replace").splitlines()
+    frozen = [line for line in log if "freezes its heap at exit" in line]
+    assert any("Worker" in line for line in frozen), frozen
+
+
 def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     server, _ = served
     before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)

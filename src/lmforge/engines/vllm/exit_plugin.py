@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import os
+
+log = logging.getLogger("vllm.plugins.lmforge_exit_freeze")
 
 PLUGIN_NAME = "lmforge_exit_freeze"
 ENV = "LMFORGE_VLLM_EXIT_FREEZE"
@@ -32,3 +35,4 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point."""
     if os.environ.get(ENV) == "1":
         atexit.register(gc.freeze)
+        log.info("lmforge: this vLLM process freezes its heap at exit")
