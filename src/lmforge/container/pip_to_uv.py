@@ -3,13 +3,14 @@ for ``eval`` that sets the positional arguments (``set -- ...``) to the ``uv pip
 saying what the pip.conf says, and exports what uv takes only from the environment.
 
 A flavour with ``uv`` set (containers/cpu) installs its dependency layer with uv rather than pip (7.7
-instead of 21.9 CPU-s and 5 s instead of 22 s for the cpu image's ~120 packages here). The build has
+instead of 21.9 CPU-s and 5 s instead of 22 s for the cpu image's ~57 packages here). The build has
 one source of package settings, the ``pipconf`` secret (:mod:`.pipsettings`), which uv does not read:
 this translates it, with the index strategy pip has (the best version across every index, not the
 first index that has the name). The Dockerfile bind-mounts this file from the build context and runs
 it with the base image's Python, before lmforge is installed: standard library only, no lmforge import.
 
-No file, an empty one or no ``[global]`` section: no options (uv's defaults, as pip's without a pip.conf).
+No file, an empty one or no ``[global]`` section: pip's index strategy and nothing else (uv's defaults
+otherwise, as pip's without a pip.conf).
 """
 
 from __future__ import annotations
