@@ -36,3 +36,32 @@ def test_the_managers_attributes_are_checked_once_it_exists() -> None:
     del runner.return_logprobs
     with pytest.raises(LmforgeError, match=r"output_router.*ModelRunner\.return_logprobs"):
         compat.check_manager(complete)
+
+
+def test_the_forward_gate_keeps_the_signature_transformers_reads() -> None:
+    """transformers passes ``logits_to_keep`` (the LM head only on the rows that pick a token) when the
+    model's ``forward`` names it: LMI-Dist's gate must not hide it behind ``(*args, **kwargs)``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmforge.engines.lmi_dist.prompt_scores import ForwardGate
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    assert model._supports_logits_to_keep()
+    gate = ForwardGate(model)
+    assert model._supports_logits_to_keep()
+    held: list[bool] = []
+    model.model.register_forward_hook(lambda *_: held.append(gate.lock._is_owned()))
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([[1, 2, 3, 4]]), logits_to_keep=1)
+    assert out.logits.shape[1] == 1
+    assert held == [True]
+    assert not gate.lock._is_owned()

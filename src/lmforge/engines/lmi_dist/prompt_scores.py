@@ -19,6 +19,7 @@ from the running step's layout, which the generation thread lays out outside the
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -38,13 +39,16 @@ Scored = list[tuple[int, float, list[tuple[int, float]]]]
 class ForwardGate:
     """One forward pass of ``model`` at a time, whichever thread calls it: the model's ``forward`` is
     wrapped (on the instance) to hold :attr:`lock` (re-entrant, so a caller may hold it around a pass
-    of its own)."""
+    of its own). The wrapper keeps ``forward``'s signature (``functools.wraps``): transformers reads it
+    to decide whether to pass ``logits_to_keep``, and without it every prefill would run the LM head
+    on every prompt token rather than on the rows that pick a token."""
 
     def __init__(self, model: Any) -> None:
         self.lock = threading.RLock()
         forward: Callable[..., Any] = model.forward
         lock = self.lock
 
+        @functools.wraps(forward)
         def gated(*args: Any, **kwargs: Any) -> Any:
             with lock:
                 return forward(*args, **kwargs)
