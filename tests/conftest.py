@@ -33,7 +33,7 @@ def vllm_env() -> dict[str, str]:
     cache (``$LMFORGE_CACHE_DIR``, else ``~/.cache/lmforge``), apart from the user's own vLLM cache.
     vLLM keeps there only what it learned of a model class (``modelinfos/``, checked against the hash of
     the model's module on each read); without it every engine start runs a subprocess of about 7 CPU-s."""
-    from lmforge.models.smollm2 import cache_root
+    from lmforge.paths import cache_root
     from lmforge.testing.server import VLLM_ENV
 
     root = cache_root() / "test-vllm-cache"
@@ -112,6 +112,14 @@ def pytest_collection(session: pytest.Session) -> Any:
         return (yield)
     finally:
         freeze_startup_heap(collect=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """transformers' import scans from lmforge's cache, as in lmforge's own processes
+    (:mod:`lmforge.import_cache`): every worker imports transformers while collecting."""
+    from lmforge import import_cache
+
+    import_cache.install()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

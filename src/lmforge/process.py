@@ -161,7 +161,11 @@ def exit_process(code: object = 0) -> NoReturn:
 def run_main(main: Callable[[], object]) -> NoReturn:
     """Call ``main()`` (a process's entry point), then :func:`exit_process` with what it returned or
     the code of the :class:`SystemExit` it raised. Any other exception propagates as usual (its
-    traceback printed, a normal exit)."""
+    traceback printed, a normal exit). transformers' import scans come from lmforge's cache in the
+    process (:mod:`lmforge.import_cache`)."""
+    from lmforge import import_cache
+
+    import_cache.install()
     try:
         code = main()
     except SystemExit as stop:

@@ -165,6 +165,8 @@ _DECIDE = textwrap.dedent(
     gc.disable()  # a vLLM import and a few decisions, then exit
     atexit.register(gc.freeze)  # the exit's last collection would walk vLLM's heap: ~1 CPU-s
     from pathlib import Path
+    from lmforge import import_cache
+    import_cache.install()  # transformers' import scans from lmforge's cache
     from lmforge.config import load_config
     from lmforge.engines.vllm.compile_run import decide_here
     out = {}

@@ -68,8 +68,10 @@ def main() -> None:
     job_path, out_path = sys.argv[1:3]
     assert os.environ.get("VLLM_PLUGINS") == "", "run with VLLM_PLUGINS= so that no plugin loads"
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+    from lmforge import import_cache
     from lmforge.process import freeze_startup_heap, pause_gc_for_startup
 
+    import_cache.install()  # transformers' import scans from lmforge's cache, as in lmforge's processes
     pause_gc_for_startup()  # vLLM's imports and the engine's start: ~1.5 CPU-s less, as in lmforge serve
     from vllm import LLM
 

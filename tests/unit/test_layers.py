@@ -35,6 +35,8 @@ LAYERS: dict[str, int] = {
     "client": 0,
     "models": 0,
     "process": 0,
+    "import_cache": 0,
+    "paths": 0,
     # LoRA adapters as data and checks
     "adapters": 1,
     # the engine protocol and the backends

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
+from lmforge.paths import cache_root
 from lmforge.process import gc_paused
 
 __all__ = ["DTYPES", "NAME", "write_smollm2_model"]
@@ -85,14 +86,6 @@ How this folder was made (`lmforge example-model DIR --model {name} --dtype {dty
 
 Serve it with `lmforge serve <this folder>`.
 """
-
-
-def cache_root() -> Path:
-    explicit = os.environ.get("LMFORGE_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "lmforge"
 
 
 def _sha256(path: Path) -> str:
