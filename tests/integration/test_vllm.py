@@ -230,6 +230,18 @@ def test_vllms_worker_is_told_to_freeze_its_heap_at_exit(
     assert any("Worker" in line for line in frozen), frozen
 
 
+def test_vllms_worker_counts_log_prob_ranks_without_a_kernel(
+    served: tuple[RemoteServer, list[dict[str, Any]]],
+) -> None:
+    """lmforge's ``lmforge_cpu_logprob_ranks`` plugin reached vLLM's worker, where the sampler counts
+    each log-prob's rank (:mod:`lmforge.engines.vllm.logprob_ranks`): no C++ for inductor to build at
+    the first log-prob request; the log-probs themselves are test_streams_token_by_token's."""
+    server, _ = served
+    log = server.log_path.read_text(errors="replace").splitlines()
+    eager = [line for line in log if "counts log-prob ranks eagerly" in line]
+    assert any("Worker" in line for line in eager), eager
+
+
 def test_disconnect_aborts_the_vllm_request(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
     server, _ = served
     before = metrics(server.url).get("lmforge_engine_aborted_total", 0.0)

@@ -1,7 +1,8 @@
 """vLLM alone, as the reference the vLLM modules check lmforge against, in one process for both (a vLLM
 start is ~10 CPU-seconds): ``python vllm_reference.py JOB_JSON OUT_JSON``.
 
-Run with ``VLLM_PLUGINS=`` (no vLLM plugin loads, so lmforge's LoRA fix does not either) and
+Run with ``VLLM_PLUGINS=`` (no vLLM plugin loads, so lmforge's LoRA fix does not either; the one
+plugin taken explicitly counts log-prob ranks, which nothing here returns) and
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM's engine core and worker run in this process, so the fix
 applied here reaches the model). One engine, LoRA on with one slot, does in order:
 
@@ -74,6 +75,12 @@ def main() -> None:
     import_cache.install()  # transformers' import scans from lmforge's cache, as in lmforge's processes
     pause_gc_for_startup()  # vLLM's imports and the engine's start: ~1.5 CPU-s less, as in lmforge serve
     from vllm import LLM
+
+    from lmforge.engines.vllm import logprob_ranks
+
+    # the ranks are not part of what this returns: counted without vLLM's compiled kernel, whose C++
+    # inductor would build at the first log-prob request (~10 CPU-s with an empty cache)
+    logprob_ranks.apply()
 
     with open(job_path) as f:
         job = json.load(f)
