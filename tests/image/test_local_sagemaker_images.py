@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lmforge.local.containers import OWNER_LABEL
 from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
 from tests.local_sagemaker import REGION, boto3_clients, handler_model, lmforge, local_sagemaker
@@ -25,12 +26,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory, cpu_image: BuiltImage) -> Iterator[dict[str, str]]:
-    state = tmp_path_factory.mktemp("local-images")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("local-images")
+
+
+@pytest.fixture(scope="module")
+def ours(state: Path) -> str:
+    """The label of the containers this module's local SageMaker starts (another run's may be there)."""
+    return f"{OWNER_LABEL}={state.resolve()}"
+
+
+@pytest.fixture(scope="module")
+def local(state: Path, ours: str, cpu_image: BuiltImage) -> Iterator[dict[str, str]]:
     with local_sagemaker(state, "image", LMFORGE_CONTAINER_ENGINE=cpu_image.engine.kind) as env:
         registry = re.search(r'addr: "([^"]+)"', (state / "registry" / "config.yml").read_text())
         yield env
-    leftovers = cpu_image.engine.containers(f"dev.lmforge.local={state.resolve()}")
+    leftovers = cpu_image.engine.containers(ours)
     assert leftovers == [], f"containers left after local down: {leftovers}"
     # the pushes and pulls tagged the image with this registry's loopback address: gone with it
     if registry:
@@ -63,7 +74,12 @@ def test_push_lands_in_the_local_ecr(pushed: str, clients: dict[str, Any]) -> No
 
 
 def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
-    pushed: str, local: dict[str, str], clients: dict[str, Any], tiny_model: Path, cpu_image: BuiltImage
+    pushed: str,
+    local: dict[str, str],
+    clients: dict[str, Any],
+    tiny_model: Path,
+    cpu_image: BuiltImage,
+    ours: str,
 ) -> None:
     name = "image-sdk"
     proc = subprocess.run(
@@ -84,7 +100,7 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
         status = lmforge("local", "status", env=local).stdout
         assert f"mode: images ({cpu_image.engine.kind})" in status, status
         assert f"{name}/AllTraffic: image mode, image {pushed}" in status
-        running = cpu_image.engine.containers("dev.lmforge.local")
+        running = cpu_image.engine.containers(ours)
         assert running, "the endpoint's instance is a container"
         labels = cpu_image.engine.run_cli(
             ["inspect", "--format", "{{json .Config.Labels}}", running[0]]
@@ -127,9 +143,9 @@ def test_sdk_deploys_the_pushed_image_and_boto3_streams_from_it(
     finally:
         clients["sagemaker"].delete_endpoint(EndpointName=name)
     deadline = time.monotonic() + 60
-    while cpu_image.engine.containers("dev.lmforge.local") and time.monotonic() < deadline:
+    while cpu_image.engine.containers(ours) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not cpu_image.engine.containers("dev.lmforge.local"), "delete stops the container"
+    assert not cpu_image.engine.containers(ours), "delete stops the container"
 
 
 def test_sdk_v3_model_builder_deploys_the_pushed_image_and_the_stream_is_read(

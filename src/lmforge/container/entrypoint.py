@@ -10,14 +10,18 @@
    offline mode (``HF_HUB_OFFLINE=1`` or ``LMFORGE_OFFLINE=1``) it is skipped with a warning, and pip
    runs with a short timeout and no retries, so a container without network never hangs on it.
 4. The server starts in this process (it is PID 1's exec target, so it gets SIGTERM itself and drains
-   within SageMaker's 30 s) on ``$SAGEMAKER_BIND_TO_PORT`` or 8080; ``option.model_id`` naming
-   ``s3://`` or a hub id is downloaded into the cache first (:mod:`lmforge.artifacts.download`).
+   within SageMaker's 30 s; a SIGTERM that comes before the server's own handler, while the imports or
+   the requirements run, ends the process at once with code 143: PID 1 would otherwise ignore it, and
+   the stop would wait out its 30 s for SIGKILL) on ``$SAGEMAKER_BIND_TO_PORT`` or 8080;
+   ``option.model_id`` naming ``s3://`` or a hub id is downloaded into the cache first
+   (:mod:`lmforge.artifacts.download`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import MutableMapping
@@ -96,8 +100,13 @@ def install_requirements(model_dir: Path, env: MutableMapping[str, str]) -> Path
     return target
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(model_dir: str | None = None) -> int:
     """Steps 1-4 of the module docstring; returns the server's exit code."""
+    signal.signal(signal.SIGTERM, _terminated)  # until the server installs its own (step 4)
     from lmforge.serving.launcher import configure_logging
     from lmforge.serving.launcher import serve as run_server
 

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -141,6 +142,9 @@ class Container:
     """Invocations the runtime has sent it that have not finished (``LEAST_OUTSTANDING_REQUESTS``)."""
     invocations: int = field(default=0, compare=False)
     """Invocations the runtime has sent it, in all."""
+    _life: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    """Serializes :meth:`start` and :meth:`stop`: the watchdog's restart and a delete's stop can come
+    at the same moment, and a start that lost the race must not leave an instance nobody stops."""
     mode = "process"
 
     @property
@@ -167,7 +171,15 @@ class Container:
         return {"mode": self.mode, "label": self.label, "port": self.port}
 
     def start(self) -> None:
-        """Start (or restart) the instance; returns at once."""
+        """Start (or restart) the instance; returns at once. Does nothing once :meth:`stop` was called
+        (the instance is being, or has been, stopped for good)."""
+        with self._life:
+            if self.stopping:
+                log.info("not starting %s: it is stopping", self.folder)
+                return
+            self._launch()
+
+    def _launch(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.process = subprocess.Popen(
                 self.command(),
@@ -204,7 +216,8 @@ class Container:
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM, SIGKILL after ``grace_s``; then drop the model copy (the log stays)."""
         self.stopping = True
-        self._terminate(grace_s)
+        with self._life:  # a start under way finishes first, and is then stopped too
+            self._terminate(grace_s)
         shutil.rmtree(self.model_dir, ignore_errors=True)
         (self.folder / _INFO).unlink(missing_ok=True)
 
@@ -281,9 +294,9 @@ class ImageContainer(Container):
     def _popen_env(self) -> dict[str, str]:
         return dict(os.environ)  # the engine's own environment, not the container's
 
-    def start(self) -> None:
+    def _launch(self) -> None:
         self._engine().remove_container(self.name)  # a restart: the exited one may not be gone yet
-        super().start()
+        super()._launch()
 
     def info(self) -> dict[str, Any]:
         return {
