@@ -25,6 +25,8 @@ import logging
 import os
 from typing import Any
 
+from lmforge.engines.vllm.cpu_plugin import on_cpu
+
 log = logging.getLogger("vllm.plugins.lmforge_cpu_idle_wait")
 
 PLUGIN_NAME = "lmforge_cpu_idle_wait"
@@ -71,15 +73,12 @@ def apply(seconds: float) -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: on vLLM's CPU platform, cap the busy wait."""
-    try:
-        from vllm.platforms import current_platform
+    on_cpu(log, _cap, "cap vLLM's busy wait")
 
-        if not current_platform.is_cpu():
-            return
-        seconds = spin_seconds()
-        if apply(seconds):
-            log.info("lmforge: vLLM's message queues poll for at most %g ms before sleeping", seconds * 1e3)
-        else:
-            log.info("lmforge: vLLM's SpinCondition is not the one this plugin knows; busy wait left as is")
-    except Exception:  # a plugin must never stop vLLM from starting
-        log.exception("lmforge: could not cap vLLM's busy wait")
+
+def _cap() -> None:
+    seconds = spin_seconds()
+    if apply(seconds):
+        log.info("lmforge: vLLM's message queues poll for at most %g ms before sleeping", seconds * 1e3)
+    else:
+        log.info("lmforge: vLLM's SpinCondition is not the one this plugin knows; busy wait left as is")

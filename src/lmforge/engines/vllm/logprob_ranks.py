@@ -23,6 +23,8 @@ import logging
 import sys
 from typing import Any
 
+from lmforge.engines.vllm.cpu_plugin import on_cpu
+
 log = logging.getLogger("vllm.plugins.lmforge_cpu_logprob_ranks")
 
 PLUGIN_NAME = "lmforge_cpu_logprob_ranks"
@@ -67,19 +69,16 @@ def apply() -> bool:
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: on vLLM's CPU platform, ranks counted eagerly."""
-    try:
-        from vllm.platforms import current_platform
+    on_cpu(log, _replace, "replace vLLM's log-prob rank count")
 
-        if not current_platform.is_cpu():
-            return
-        if apply():
-            log.info("lmforge: vLLM's sampler counts log-prob ranks eagerly (no kernel to build)")
-        else:
-            log.info(
-                "lmforge: %s.%s is not there (written for vLLM %s); log-prob ranks left to vLLM",
-                MODULE,
-                FUNCTION,
-                TESTED,
-            )
-    except Exception:  # a plugin must never stop vLLM from starting
-        log.exception("lmforge: could not replace vLLM's log-prob rank count")
+
+def _replace() -> None:
+    if apply():
+        log.info("lmforge: vLLM's sampler counts log-prob ranks eagerly (no kernel to build)")
+    else:
+        log.info(
+            "lmforge: %s.%s is not there (written for vLLM %s); log-prob ranks left to vLLM",
+            MODULE,
+            FUNCTION,
+            TESTED,
+        )

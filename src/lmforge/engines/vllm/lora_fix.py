@@ -44,6 +44,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from lmforge.engines.vllm.cpu_plugin import on_cpu
+
 # under vLLM's logger: vLLM gives it a handler in each of its processes, with the process name in each line
 log = logging.getLogger("vllm.plugins.lmforge_cpu_lora_fix")
 
@@ -136,17 +138,15 @@ def apply_logits_fix() -> bool:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: apply the fix on vLLM's CPU platform when needed."""
-    try:
-        from vllm.platforms import current_platform
+    """The ``vllm.general_plugins`` entry point: apply the fix on vLLM's CPU platform when needed
+    (when it fails, the engine sees ``applied`` false itself)."""
+    on_cpu(log, _fix, "check or patch vLLM's CPU LoRA ops")
 
-        if not current_platform.is_cpu():
-            return
-        if apply():
-            log.info(
-                "lmforge: vLLM's CPU LoRA ops alias base-model rows to the last adapter slot "
-                "(vllm-project/vllm#49656); rows without an adapter are masked in this process"
-            )
-        apply_logits_fix()
-    except Exception:  # a plugin must never stop vLLM from starting; the engine checks `applied` itself
-        log.exception("lmforge: could not check or patch vLLM's CPU LoRA ops")
+
+def _fix() -> None:
+    if apply():
+        log.info(
+            "lmforge: vLLM's CPU LoRA ops alias base-model rows to the last adapter slot "
+            "(vllm-project/vllm#49656); rows without an adapter are masked in this process"
+        )
+    apply_logits_fix()
