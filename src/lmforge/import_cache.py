@@ -121,6 +121,8 @@ class ScanCache:
         self._dir = directory
         self._path: Path | None = None
         self._data: dict[str, bytes] | None = None
+        self.searched: tuple[str, ...] = ()
+        """``sys.path`` as :meth:`key` read it (where the distributions were looked for)."""
 
     @property
     def path(self) -> Path:
@@ -143,7 +145,8 @@ class ScanCache:
                 pass  # not a folder (a zip on sys.path, a path that is gone): nothing installed there
 
         add(self.package_dir / "models", lambda e: e.name != "__pycache__" and e.is_dir())
-        for entry in sys.path:
+        self.searched = tuple(sys.path)
+        for entry in self.searched:
             if entry:
                 add(Path(entry), lambda e: e.name.endswith((".dist-info", ".egg-info")))
         return digest.hexdigest()[:32]

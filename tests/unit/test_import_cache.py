@@ -99,15 +99,23 @@ def test_only_the_tested_release_gets_the_hook(monkeypatch: pytest.MonkeyPatch) 
     assert finder.find_spec("transformers.utils", transformers.__path__) is None
 
 
-def test_this_process_imported_transformers_through_the_cache_with_the_scans_answers() -> None:
+def test_this_process_imported_transformers_through_the_cache_with_the_scans_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The suite's workers install the hook (tests/conftest.py) as lmforge's processes do
-    (lmforge.process.run_main): what transformers got from the file is what its scans give now."""
+    (lmforge.process.run_main): what transformers got from the file is what its scans give now.
+
+    The scan runs over ``sys.path`` as it was at that import: a test of this worker may have changed
+    it since (importing setuptools appends its ``_vendor`` folder, with distributions of its own)."""
     if os.environ.get("LMFORGE_IMPORT_CACHE", "").lower() in ("off", "0", "false", "no"):
         pytest.skip("LMFORGE_IMPORT_CACHE is off in this run")
     from transformers.utils import import_utils
 
     cached = import_utils.define_import_structure
     assert getattr(cached, "__wrapped__", None) is not None, "transformers was imported without the cache"
+    loader = import_utils.__spec__.loader
+    assert isinstance(loader, import_cache._Loader) and loader.cache.searched
+    monkeypatch.setattr(sys, "path", list(loader.cache.searched))
     models = _transformers_dir() / "models"
     import_utils.create_import_structure_from_path.cache_clear()
     for args in ((models, "models"), (str(models / "__init__.py"), None)):
