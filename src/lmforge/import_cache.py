@@ -29,21 +29,21 @@ miss, and a cache folder that cannot be written only costs the scan.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
-import importlib.machinery
-import importlib.metadata
-import logging
 import marshal
 import os
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-log = logging.getLogger("lmforge.import_cache")
+if TYPE_CHECKING:
+    import importlib.abc
+    import importlib.machinery
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
+
+# Every lmforge process installs the hook (lmforge.process.run_main), most never import transformers:
+# what only a transformers import needs (importlib.metadata, hashlib, tempfile, logging: ~30 ms) is
+# imported when it happens.
 
 #: the transformers release whose import scans this reproduces (pyproject.toml pins it)
 TESTED = "5.19."
@@ -69,7 +69,13 @@ def cache_dir() -> Path:
     return cache_root() / "python-imports"
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("lmforge.import_cache")
+
+
+class _Finder:
     """Finds :data:`MODULE` as the import system would, and hands it to :class:`_Loader`."""
 
     def find_spec(
@@ -77,30 +83,37 @@ class _Finder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != MODULE:
             return None
+        import importlib.machinery
+
         sys.meta_path.remove(self)  # once: the module is imported once
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or spec.origin is None:
             return spec
         version = str(getattr(sys.modules.get("transformers"), "__version__", ""))
         if not version.startswith(TESTED):
-            log.debug("import cache off: transformers %s, written for %sx", version, TESTED)
+            _log().debug("import cache off: transformers %s, written for %sx", version, TESTED)
             return spec
-        spec.loader = _Loader(spec.loader, Path(spec.origin).parents[1], version)
+        # the import system asks a loader for create_module and exec_module only (no base class needed)
+        loader = _Loader(spec.loader, Path(spec.origin).parents[1], version)
+        spec.loader = cast("importlib.abc.Loader", loader)
         return spec
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     """Runs the module as its own loader would, with ``packages_distributions`` answered from the cache
     meanwhile, then wraps the module's ``define_import_structure`` to answer from it too."""
 
-    def __init__(self, inner: importlib.abc.Loader, package_dir: Path, version: str) -> None:
+    def __init__(self, inner: Any, package_dir: Path, version: str) -> None:
         self.inner = inner
         self.cache = ScanCache(package_dir, version)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.inner.create_module(spec)
+        module: ModuleType | None = self.inner.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
+        import importlib.metadata
+
         scan = importlib.metadata.packages_distributions
         importlib.metadata.packages_distributions = self.cache.distributions(scan)  # type: ignore[assignment]
         try:
@@ -133,6 +146,8 @@ class ScanCache:
     def key(self) -> str:
         """A digest of transformers' version and folder, its model folders' times, and the metadata
         folders of the distributions on ``sys.path`` with their times."""
+        import hashlib
+
         digest = hashlib.sha256(f"{_FORMAT}\0{self.version}\0{self.package_dir}\0".encode())
 
         def add(folder: Path, keep: Callable[[os.DirEntry[str]], bool]) -> None:
@@ -176,12 +191,14 @@ class ScanCache:
         try:
             data[name] = marshal.dumps(value)
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            import tempfile
+
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(marshal.dumps(data))
             os.replace(tmp, self.path)
         except (OSError, ValueError) as exc:  # a read-only cache: the scans run each time
-            log.debug("import cache not written (%s): %s", self.path, exc)
+            _log().debug("import cache not written (%s): %s", self.path, exc)
 
     def distributions(self, scan: Callable[[], Any]) -> Callable[[], Any]:
         """``packages_distributions`` from the file, else ``scan()`` stored in it."""
