@@ -176,10 +176,49 @@ Garbage-collector pauses (2026-11-26, `lmforge bench` at concurrency 32, 1500 re
 a `gc.callbacks` probe in both processes): the server's start-up heap (~88 000 objects) made each full
 collection a 38-42 ms pause of its event loop, two in the 30 s run; the engine core's (~390 000
 objects) takes ~180 ms to walk, a pause of the generation loop whenever one comes. Both processes now
-collect once at the end of start-up and freeze what is left (`lmforge.process.freeze_startup_heap`,
-as vLLM does): the same run's full collections took 0.9 / 1.1 ms in the server and 0.6 ms in the core,
+freeze their start-up heap at the end of start-up (`lmforge.process.freeze_startup_heap`, as vLLM
+does; they collected first then, see below): the same run's full collections took 0.9 / 1.1 ms in
+the server and 0.6 ms in the core,
 for one extra collection at start-up (~0.2 s of CPU in the core). Throughput did not move (6022 ->
 6069 tok/s, within noise).
+
+The collector during start-up (2026-11-28, CPU-s on this 2-core machine, three runs each): importing
+torch and transformers makes ~400 000 objects that live as long as the process, and the collector
+walked the growing heap again and again while they were made, finding next to no garbage. Start-up
+now runs with it off (`lmforge.process.pause_gc_for_startup`, at the top of the engine core, a
+tensor-parallel rank, `lmforge serve` and the local SageMaker; `freeze_startup_heap` turns it back on,
+and an engine core or rank turns it back on before it loads weights, so that a cycle holding tensors is
+freed as usual; a child forked meanwhile, vLLM's engine core, gets it back at once):
+
+| what | collector on | off until the freeze |
+|---|---|---|
+| an LMI-Dist engine core's imports | 3.4 | 2.8 |
+| a tiny-model engine core, start to ready | 4.0 | 3.2 |
+| vLLM's imports in the server process | 6.6 | 5.0 |
+| the SmolLM2 GGUF conversion (`gc_paused`) | 10.0 | 8.1 |
+| lm-eval's `hf` run on the 20-question task (`gc_paused`) | 14.0 | 9.7 |
+| pytest's collection, per worker (`tests/conftest.py`) | 8.8 | 5.3 |
+
+The collections left run over the frozen heap, as before.
+
+Freezing without a collection (2026-11-28): the collection before the freeze walked the whole start-up
+heap to find little garbage: in an engine core after its imports, 9 000 of 600 000 objects (~15 000
+allocator blocks, about 1 MB), 0.3 CPU-s; in vLLM's server process at the end of its start, 17 000 of
+980 000, 0.6 CPU-s. That garbage is now frozen with the rest (kept for the life of the process) where
+the imports end: `freeze_startup_heap(collect=False)` after the engine core's imports and at the end of
+the local SageMaker's start, `lmforge.process.freeze_imports()` (which leaves a paused collector
+paused) once vLLM's server process has imported vLLM. The collection at the end of a start stays where
+a cycle may hold tensors, and walks only what came after the freeze: the engine core after its
+weights load (~14 000 objects, 4 ms), `lmforge serve` once its engine is up (an in-process engine or
+a `model.py` loads weights there). A tiny-model engine core, start to ready: 3.21-3.32 -> 2.97-3.06
+CPU-s; vLLM's server process: 6.1 -> 5.45 (three and two starts).
+
+vLLM's spawned workers end through the interpreter's normal exit, whose last full collection walked
+the worker's whole heap (torch, vLLM, the model: about a million objects). lmforge's vLLM plugin
+`lmforge_exit_freeze` (`lmforge.engines.vllm.exit_plugin`) freezes the heap in an exit handler of
+the vLLM processes lmforge starts: a tiny-model vLLM server's stop, SIGTERM to exit, went from
+2.8-3.1 s to 1.4 s, and its processes' CPU from start to exit from 16.4-16.6 to 15.0-15.7 CPU-s (two
+runs each; the start is as noisy as the saving).
 """
 
 
@@ -334,6 +373,19 @@ share of its computed token slots that were useful.
 """
 
 
+#: what the tiny model's LMI-Dist figures owe to lmforge.import_cache (measured apart, in CPU-s)
+IMPORT_CACHE_NOTE = """
+Since 2026-11-29 the engine core and the server get transformers' import-time scans (the installed
+distributions, the models table) from lmforge's cache (`lmforge.import_cache`) instead of reading
+~250 metadata folders and ~1,565 model files again in every process. In CPU-s, which the machine's
+load moves less than seconds: a tiny-model server and engine core, start to ready, 5.4-7.6 with the
+cache off and 3.7-4.7 with it (two starts each); importing transformers, its tokenizer and the Llama
+model class, 4.1-5.2 -> 2.9-4.0. The run above came in a quiet hour: the bare script, which the cache
+does not touch, took 3.73 s against 5.31 s in the run before it, so most of the drop in wall time
+from that run (5.28 -> 2.85 s ready, and vLLM's 40.68 -> 13.94 s) is the machine's.
+"""
+
+
 def cold_start_section(r: Result) -> str:
     real = r["settings"].get("model_key") == "smollm2-135m"
     parts = [
@@ -380,7 +432,7 @@ transformers, `from_pretrained` tokenizer and model, one 2-token `generate`): **
 (interpreter {own["interpreter_s"]:.2f}, import {own["import_s"]:.2f}, tokenizer {own["tokenizer_s"]:.2f},
 weights {own["weights_s"]:.2f}, warm-up {own["warmup_s"]:.2f}). lmforge ready / bare load:
 **{b["ratio_ready_vs_own"]:.2f}x**.
-"""
+{"" if real else IMPORT_CACHE_NOTE}"""
             )
         else:
             lines = b["engine_own"]["lines"]
