@@ -399,8 +399,9 @@ def test_update_then_delete(
     assert "generated_text" in json.loads(resp["Body"].read())
     _sticky_session_round_trip(smr, name)
 
+    serving = _container_pid(local, name)  # before the delete: a stopped instance drops its container.json
     lmforge("delete", name, env=local)
-    _wait_gone(_container_pid(local, name))
+    _wait_gone(serving)
     with pytest.raises(sm.exceptions.ClientError):
         sm.describe_endpoint(EndpointName=name)
 
