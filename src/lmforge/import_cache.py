@@ -14,11 +14,12 @@ server, a CLI command that reads a model), for an answer that changes only when 
 installed. :func:`install` (called by :func:`lmforge.process.run_main` before a process's entry point
 runs, and by the test suite's workers) puts an import hook in front of
 ``transformers.utils.import_utils``: it gives that module the mapping and the two tables from a file
-in lmforge's cache (``python-imports/`` under ``$LMFORGE_CACHE_DIR``, else ``~/.cache/lmforge``), and a
-first process scans and writes it. The file is named by a digest of what the answers depend on:
-transformers' version and folder, the modification times of its model folders (a file added to or
-removed from one changes its time), and the distributions' metadata folders on ``sys.path`` with their
-times (an install, an upgrade or an uninstall adds or removes one). Code folders on ``sys.path`` are not
+in lmforge's cache (``python-imports/`` under :func:`lmforge.paths.cache_root`: ``$LMFORGE_CACHE_DIR``,
+else ``lmforge`` under ``$XDG_CACHE_HOME`` or ``~/.cache``), and a first process scans and writes it.
+The file is named by a digest of what the answers depend on: transformers' version and folder, the
+modification times of its model folders (a file added to or removed from one changes its time), and
+the distributions' metadata folders on ``sys.path`` with their times (an install, an upgrade or an
+uninstall adds or removes one). Code folders on ``sys.path`` are not
 part of it: a working folder's time changes with every file made in it.
 
 These are transformers' internals (a module-level name and a function), so the hook is only for the
