@@ -65,9 +65,9 @@ def install() -> None:
 
 
 def cache_dir() -> Path:
-    from lmforge.paths import cache_root
+    from lmforge import paths
 
-    return cache_root() / "python-imports"
+    return paths.cache_dir("python-imports")
 
 
 def _log() -> Any:

@@ -51,7 +51,7 @@ class SourcePolicy:
 
     @classmethod
     def from_config(cls, config: Any) -> SourcePolicy:
-        from lmforge.artifacts.download import cache_root
+        from lmforge.paths import cache_dir
 
         roots = adapter_folders(config)
         roots += [Path(p).expanduser() for p in _split(config.adapter_roots)]
@@ -66,7 +66,7 @@ class SourcePolicy:
         return cls(
             roots=list(dict.fromkeys(Path(os.path.realpath(r)) for r in roots)),
             s3_prefixes=prefixes,
-            cache_dir=cache_root().parent / "adapters",
+            cache_dir=cache_dir("adapters"),
             download_timeout_s=float(config.model_loading_timeout or 600),
         )
 

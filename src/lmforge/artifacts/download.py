@@ -7,7 +7,7 @@
   ``option.revision``; in offline mode (``HF_HUB_OFFLINE=1``) only a copy already in the cache is
   used, and a missing one is a clear error instead of a hang.
 
-The cache is ``$LMFORGE_CACHE_DIR`` or ``~/.cache/lmforge/models``.
+The cache is the ``models`` folder of lmforge's cache (:func:`lmforge.paths.cache_dir`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,14 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from lmforge import paths
+
 log = logging.getLogger("lmforge.download")
 _DONE = ".lmforge-complete"
 
 
 class DownloadError(Exception):
     """The model could not be fetched; the message says why and what to do."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LMFORGE_CACHE_DIR") or Path.home() / ".cache" / "lmforge" / "models")
 
 
 def is_remote(model_id: str) -> bool:
@@ -52,7 +50,7 @@ def fetch_model(
     s3_client: Any = None,
 ) -> Path:
     """The local folder holding ``model_id``'s files, downloading them first when needed."""
-    root = cache_dir or cache_root()
+    root = cache_dir or paths.cache_dir("models")
     if model_id.startswith("s3://"):
         return _fetch_s3(model_id, root, progress, s3_client)
     return _fetch_hub(model_id, revision, root, progress)

@@ -101,7 +101,7 @@ def warm_start(say: Callable[[str], None] = print) -> int:
             "HOME": str(tmp / "home"),
             "XDG_CACHE_HOME": str(tmp / "cache"),
             "HF_HOME": str(tmp / "hf"),
-            "LMFORGE_CACHE_DIR": str(tmp / "models"),
+            "LMFORGE_CACHE_DIR": str(tmp / "lmforge-cache"),
             "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"),
             "TRITON_CACHE_DIR": str(tmp / "triton"),
             "HF_HUB_OFFLINE": "1",

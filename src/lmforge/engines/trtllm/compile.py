@@ -67,9 +67,9 @@ def plan_differences(recorded: dict[str, object], plan: BuildPlan) -> list[str]:
 
 
 def cache_dir(plan: BuildPlan) -> Path:
-    from lmforge.artifacts.download import cache_root
+    from lmforge.paths import cache_dir
 
-    return cache_root() / "trtllm" / plan.cache_key()
+    return cache_dir("trtllm") / plan.cache_key()
 
 
 def compile_engine(

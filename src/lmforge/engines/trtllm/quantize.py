@@ -32,9 +32,9 @@ log = logging.getLogger("lmforge.engines.trtllm")
 
 
 def checkpoint_cache_dir(plan: QuantPlan) -> Path:
-    from lmforge.artifacts.download import cache_root
+    from lmforge.paths import cache_dir
 
-    return cache_root() / "trtllm-quant" / plan.cache_key()
+    return cache_dir("trtllm-quant") / plan.cache_key()
 
 
 def is_checkpoint(folder: Path) -> bool:
