@@ -5,6 +5,7 @@ at the mercy of this machine's neighbours."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from importlib.metadata import entry_points
@@ -37,14 +38,19 @@ def pair(spin_condition: Any) -> Iterator[Any]:
     import zmq
 
     context = zmq.Context()
+    folder = tempfile.mkdtemp(prefix="lmf-spin-")  # short: a Unix socket's path has ~107 bytes
+    made = 0
 
     def make() -> tuple[Any, Any]:
-        address = f"ipc://{tempfile.mkdtemp(prefix='lmf-spin-')}/notify"
+        nonlocal made
+        made += 1
+        address = f"ipc://{folder}/notify-{made}"
         writer = spin_condition(is_reader=False, context=context, notify_address=address)
         return writer, spin_condition(is_reader=True, context=context, notify_address=address)
 
     yield make
     context.destroy(linger=0)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_readers_poll_for_at_most_the_limit_and_writers_are_untouched(spin_condition: Any, pair: Any) -> None:

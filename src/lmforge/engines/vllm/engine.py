@@ -109,6 +109,7 @@ class VllmEngine(EngineBase):
         # LoRA: adapter id -> vLLM's LoRARequest (registered, not removed); running requests per adapter
         self._lora_layers: dict[str, tuple[int, int]] | None = None
         self._loras = LoraHandles()
+        self._sockets: str | None = None  # process_start.private_socket_folder's, removed at shutdown
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -134,10 +135,11 @@ class VllmEngine(EngineBase):
             _allow_lora_fix()
         from lmforge.engines.vllm.compile_cache import prepare
         from lmforge.engines.vllm.exit_plugin import ENV as EXIT_FREEZE_ENV
-        from lmforge.engines.vllm.process_start import fork_engine_core
+        from lmforge.engines.vllm.process_start import fork_engine_core, private_socket_folder
 
         self.compile_cache = await asyncio.to_thread(prepare, self.config, kwargs, self.compile_capture)
         fork_engine_core()
+        self._sockets = private_socket_folder()
         os.environ.setdefault(EXIT_FREEZE_ENV, "1")  # vLLM's workers skip the last walk of their heap
         started = time.monotonic()
         # lmforge's tokenizer loads while vLLM's processes start (this thread mostly waits on them)
@@ -146,6 +148,7 @@ class VllmEngine(EngineBase):
             self._llm = await asyncio.to_thread(self._create, kwargs, self.compile_cache.share_model_infos)
         except BaseException:
             tokenizer.cancel()
+            self._remove_sockets()
             raise
         self.compile_cache.after_start()
         self.max_model_len = int(self._llm.model_config.max_model_len)
@@ -229,6 +232,13 @@ class VllmEngine(EngineBase):
                 log.info("vLLM's processes exited while it was force-stopping them (%s)", exc)
         if self.compile_cache is not None:
             self.compile_cache.cleanup()
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        from lmforge.engines.vllm.process_start import remove_socket_folder
+
+        folder, self._sockets = self._sockets, None
+        remove_socket_folder(folder)
 
     # ------------------------------------------------------------------ health and stats
 

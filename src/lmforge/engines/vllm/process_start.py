@@ -23,12 +23,16 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 from typing import Any
 
 log = logging.getLogger("lmforge.engines.vllm")
 
 ENV = "LMFORGE_VLLM_ENGINE_CORE_START"
 _PATCHED = "__lmforge_forks_engine_core__"
+#: the folder of vLLM's ZeroMQ IPC sockets (vLLM's default: the temp folder itself)
+SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
 
 
 def fork_engine_core(environ: dict[str, str] | None = None) -> bool:
@@ -52,3 +56,25 @@ def fork_engine_core(environ: dict[str, str] | None = None) -> bool:
     setattr(fork_context, _PATCHED, True)
     utils.get_mp_context = fork_context
     return True
+
+
+def private_socket_folder() -> str | None:
+    """Give vLLM's processes a new folder of this process's for their ZeroMQ IPC sockets
+    (``VLLM_RPC_BASE_PATH``; they inherit it). vLLM names each socket ``<folder>/<uuid>`` and unlinks
+    none of them: about seven a start, left in the temp folder by every ``lmforge serve`` and
+    ``lmforge compile`` that ran vLLM. Returns the folder for :func:`remove_socket_folder` at shutdown;
+    None, and nothing changed, when ``VLLM_RPC_BASE_PATH`` is set (the folder is its owner's)."""
+    if os.environ.get(SOCKETS_ENV):
+        return None
+    folder = tempfile.mkdtemp(prefix="lmforge-vllm-")
+    os.environ[SOCKETS_ENV] = folder
+    return folder
+
+
+def remove_socket_folder(folder: str | None) -> None:
+    """Remove a folder :func:`private_socket_folder` made (its sockets with it)."""
+    if folder is None:
+        return
+    if os.environ.get(SOCKETS_ENV) == folder:
+        del os.environ[SOCKETS_ENV]
+    shutil.rmtree(folder, ignore_errors=True)
