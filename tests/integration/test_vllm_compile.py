@@ -17,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -70,22 +71,23 @@ def compiled(
     folder = tmp_path_factory.mktemp("compile") / "model"
     shutil.copytree(tiny_model, folder)
     (folder / "serving.properties").write_text(PROPERTIES)
-    temp = folder.parent / "tmp"  # the compile's temp folder, to see what it leaves there
-    temp.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", "compile", str(folder)],
-        env={**os.environ, **TEST_ENV, **vllm_env, "TMPDIR": str(temp)},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    # vLLM's ZeroMQ sockets went in a folder of lmforge's, removed at the engine's shutdown
-    left = [
-        p for p in temp.rglob("*") if stat.S_ISSOCK(p.lstat().st_mode) or p.name.startswith("lmforge-vllm-")
-    ]
-    assert left == [], left
+    # the compile's own temp folder, to see what it leaves there (short: Unix socket paths are)
+    temp = Path(tempfile.mkdtemp(prefix="lmf-c-"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lmforge", "compile", str(folder)],
+            env={**os.environ, **TEST_ENV, **vllm_env, "TMPDIR": str(temp)},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-4000:]
+        # vLLM's ZeroMQ sockets went in a folder of lmforge's, removed at the engine's shutdown
+        left = [p for p in temp.rglob("*") if stat.S_ISSOCK(p.lstat().st_mode) or p.name.startswith("lmfv-")]
+        assert left == [], left
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     return folder, log, json.loads((folder / MANIFEST).read_text())
 
 

@@ -33,6 +33,10 @@ ENV = "LMFORGE_VLLM_ENGINE_CORE_START"
 _PATCHED = "__lmforge_forks_engine_core__"
 #: the folder of vLLM's ZeroMQ IPC sockets (vLLM's default: the temp folder itself)
 SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
+_PREFIX = b"lmfv-"
+_RANDOM = 8  # the characters tempfile.mkdtemp adds
+_UUID = 36  # vLLM's socket names
+_SUN_PATH_MAX = 107  # a Unix socket address's path, less its terminating NUL (Linux)
 
 
 def fork_engine_core(environ: dict[str, str] | None = None) -> bool:
@@ -63,10 +67,16 @@ def private_socket_folder() -> str | None:
     (``VLLM_RPC_BASE_PATH``; they inherit it). vLLM names each socket ``<folder>/<uuid>`` and unlinks
     none of them: about seven a start, left in the temp folder by every ``lmforge serve`` and
     ``lmforge compile`` that ran vLLM. Returns the folder for :func:`remove_socket_folder` at shutdown;
-    None, and nothing changed, when ``VLLM_RPC_BASE_PATH`` is set (the folder is its owner's)."""
+    None, and nothing changed, when ``VLLM_RPC_BASE_PATH`` is set (the folder is its owner's) or when
+    the temp folder's path is so long that a socket in a folder under it would not fit in a Unix
+    socket address (vLLM's own default, one level up, may still fit)."""
     if os.environ.get(SOCKETS_ENV):
         return None
-    folder = tempfile.mkdtemp(prefix="lmforge-vllm-")
+    temp = os.fsencode(tempfile.gettempdir())
+    if len(temp) + len(b"/") + len(_PREFIX) + _RANDOM + len(b"/") + _UUID > _SUN_PATH_MAX:
+        log.info("vLLM's sockets stay in %s: a folder under it would make their paths too long", temp)
+        return None
+    folder = tempfile.mkdtemp(prefix=_PREFIX.decode())
     os.environ[SOCKETS_ENV] = folder
     return folder
 
