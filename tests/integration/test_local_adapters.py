@@ -147,10 +147,10 @@ def _body(stream: bool = False) -> str:
     return json.dumps({"inputs": PROMPT, "parameters": params, "stream": stream})
 
 
-def _tokens(smr: Any, component: str, stream: bool = False) -> list[int]:
+def _tokens(smr: Any, component: str, stream: bool = False, endpoint: str = ENDPOINT) -> list[int]:
     if not stream:
         resp = smr.invoke_endpoint(
-            EndpointName=ENDPOINT,
+            EndpointName=endpoint,
             InferenceComponentName=component,
             Body=_body(),
             ContentType="application/json",
@@ -159,7 +159,7 @@ def _tokens(smr: Any, component: str, stream: bool = False) -> list[int]:
     from lmforge.client import iter_stream_objects
 
     resp = smr.invoke_endpoint_with_response_stream(
-        EndpointName=ENDPOINT,
+        EndpointName=endpoint,
         InferenceComponentName=component,
         Body=_body(True),
         ContentType="application/json",
@@ -412,7 +412,7 @@ def test_cli_against_a_server(material: dict[str, Path], peft: PeftReference, tm
 
 
 def test_adapter_on_a_starting_base_then_endpoint_delete(
-    base_component: str,
+    base_component: str,  # the bucket
     clients: dict[str, Any],
     local: dict[str, str],
     material: dict[str, Path],
@@ -420,10 +420,23 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     tmp_path: Path,
 ) -> None:
     """An adapter component created while its base is still Creating waits for it; deleting the endpoint
-    takes the adapters and their files with it."""
+    takes the adapters and their files with it. An endpoint of its own (the module's stays), and
+    artifacts it uploads itself: it passes alone and in any order."""
     from lmforge.artifacts import package_model
 
     sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    endpoint = "lora-late-endpoint"
+    sm.create_endpoint_config(
+        EndpointConfigName="lora-late-config",
+        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
+        ProductionVariants=[
+            {"VariantName": "main", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
+        ],
+    )
+    sm.create_endpoint(EndpointName=endpoint, EndpointConfigName="lora-late-config")
+    sm.get_waiter("endpoint_in_service").wait(
+        EndpointName=endpoint, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+    )
     archive = package_model(material["plain-model"], tmp_path / "model.tar.gz").output
     sm.create_model(
         ModelName="plain-model",
@@ -433,19 +446,17 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
             "ModelDataUrl": _put(clients, archive, "plain/model.tar.gz"),
         },
     )
+    a1_url = _put(clients, _tarball(material["a1"], tmp_path / "a1.tar.gz"), "late/a1.tar.gz")
     sm.create_inference_component(
         InferenceComponentName="lora-base2",
-        EndpointName=ENDPOINT,
+        EndpointName=endpoint,
         Specification={"ModelName": "plain-model"},
         RuntimeConfig={"CopyCount": 1},
     )
     sm.create_inference_component(
         InferenceComponentName="late-a1",
-        EndpointName=ENDPOINT,
-        Specification={
-            "BaseInferenceComponentName": "lora-base2",
-            "Container": {"ArtifactUrl": f"s3://{BUCKET}/adapters/a1/adapter.tar.gz"},
-        },
+        EndpointName=endpoint,
+        Specification={"BaseInferenceComponentName": "lora-base2", "Container": {"ArtifactUrl": a1_url}},
     )
     assert (
         sm.describe_inference_component(InferenceComponentName="late-a1")["InferenceComponentStatus"]
@@ -453,26 +464,29 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     )
     desc = _wait(sm, "late-a1", 180)
     assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
-    assert _tokens(smr, "late-a1") == peft.greedy(PROMPT, NEW, "a1")
+    assert _tokens(smr, "late-a1", endpoint=endpoint) == peft.greedy(PROMPT, NEW, "a1")
     # a new container for the base (UpdateInferenceComponent): the adapter moves with it
-    first = sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", ENDPOINT).glob("lora-base2-*"))
+    containers = Path(local["LMFORGE_LOCAL_DIR"], "endpoints", endpoint)
+    first = sorted(containers.glob("lora-base2-*"))
     sm.update_inference_component(
         InferenceComponentName="lora-base2",
         Specification={"ModelName": "plain-model", "Container": {"Environment": {"OPTION_MAX_LORAS": "3"}}},
     )
     desc = _wait(sm, "lora-base2", 180)
     assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc, desc
-    assert (
-        len(sorted(Path(local["LMFORGE_LOCAL_DIR"], "endpoints", ENDPOINT).glob("lora-base2-*")))
-        == len(first) + 1
-    )
-    assert _tokens(smr, "late-a1") == peft.greedy(PROMPT, NEW, "a1")
-    sm.delete_endpoint(EndpointName=ENDPOINT)
-    assert sm.list_inference_components(EndpointNameEquals=ENDPOINT)["InferenceComponents"] == []
+    assert len(sorted(containers.glob("lora-base2-*"))) == len(first) + 1
+    assert _tokens(smr, "late-a1", endpoint=endpoint) == peft.greedy(PROMPT, NEW, "a1")
+    sm.delete_endpoint(EndpointName=endpoint)
+    assert sm.list_inference_components(EndpointNameEquals=endpoint)["InferenceComponents"] == []
     deadline = time.monotonic() + 30
     while _adapter_folders(local, "late-a1"):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    # the module's endpoint is untouched
+    assert (
+        sm.describe_inference_component(InferenceComponentName=BASE)["InferenceComponentStatus"]
+        == "InService"
+    )
 
 
 def _pid(folder: Path) -> int:

@@ -19,6 +19,7 @@ import re
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +54,25 @@ def model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return handler_model(tiny_model, tmp_path_factory.mktemp("handler") / "model")
 
 
-@pytest.fixture(scope="module")
-def endpoint(local: dict[str, str], model: Path) -> str:
+def deploy_two(local: dict[str, str], model: Path, name: str) -> str:
+    """``name``: two instances, least-outstanding-requests routing, autoscaling 2 to 4."""
     out = lmforge(
-        *("deploy", str(model), "--endpoint-name", NAME, "--instance-type", "ml.g5.xlarge"),
+        *("deploy", str(model), "--endpoint-name", name, "--instance-type", "ml.g5.xlarge"),
         *("--instance-count", "2", "--routing-strategy", "LEAST_OUTSTANDING_REQUESTS"),
         *("--autoscale", "2:4", "--autoscale-target", "25"),
         *("--env", "OPTION_ENABLE_STATEFUL_SESSIONS=true", "--artifact-format", "prefix"),
         env=local,
     )
-    assert f"{NAME}: InService (created)" in out.stdout
-    assert "autoscaling endpoint/two-instances/variant/AllTraffic: 2 to 4 instances" in out.stderr
-    return NAME
+    assert f"{name}: InService (created)" in out.stdout
+    assert f"autoscaling endpoint/{name}/variant/AllTraffic: 2 to 4 instances" in out.stderr
+    return name
+
+
+@pytest.fixture(scope="module")
+def endpoint(local: dict[str, str], model: Path) -> Iterator[str]:
+    """The module's endpoint, deleted after its last test; a test that changes it puts it back."""
+    yield deploy_two(local, model, NAME)
+    lmforge("delete", NAME, env=local)
 
 
 def test_least_outstanding_requests_spreads_concurrent_streams(
@@ -189,10 +197,12 @@ def test_autoscaling_is_registered_and_capacity_changes_start_instances(
 
 
 def test_redeploy_keeps_autoscaling_and_random_routing_reaches_both(
-    endpoint: str, model: Path, local: dict[str, str], clients: dict[str, Any]
+    model: Path, local: dict[str, str], clients: dict[str, Any]
 ) -> None:
     """A redeploy takes the scalable target off for the update and puts it back; RANDOM routing sends
-    sequential requests to both instances."""
+    sequential requests to both instances. On an endpoint of its own, which it deletes: the module's
+    keeps its routing strategy whatever order the tests run in."""
+    endpoint = deploy_two(local, model, "two-redeployed")
     out = lmforge(
         *("deploy", str(model), "--endpoint-name", endpoint, "--instance-type", "ml.g5.xlarge"),
         *("--instance-count", "2", "--routing-strategy", "RANDOM", "--artifact-format", "prefix"),
@@ -206,7 +216,7 @@ def test_redeploy_keeps_autoscaling_and_random_routing_reaches_both(
     smr = clients["sagemaker-runtime"]
     for _ in range(24):  # all on one instance: 2 ** -23
         smr.invoke_endpoint(EndpointName=endpoint, Body=BODY, ContentType="application/json")
-    report = instances(local)
+    report = instances(local, endpoint)
     assert {i["routing_strategy"] for i in report} == {"RANDOM"}
     assert len(report) == 2 and all(i["invocations"] > 0 for i in report), report
 
@@ -214,4 +224,4 @@ def test_redeploy_keeps_autoscaling_and_random_routing_reaches_both(
     assert not aas.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[rid])[
         "ScalableTargets"
     ]
-    assert instances(local) == []
+    assert instances(local, endpoint) == []

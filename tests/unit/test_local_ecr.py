@@ -250,6 +250,15 @@ def pusher(
         p.cleanup()
 
 
+def _login(client: Any, authfile: Path) -> dict[str, Any]:
+    """podman logs in to the registry with an ECR authorization token; the token's data."""
+    data: dict[str, Any] = client.get_authorization_token()["authorizationData"][0]
+    user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
+    host = data["proxyEndpoint"].removeprefix("http://")
+    _podman("login", "--tls-verify=false", "--authfile", str(authfile), "-u", user, "-p", password, host)
+    return data
+
+
 def _error_code(exc: BaseException) -> str:
     code: str = exc.response["Error"]["Code"]  # type: ignore[attr-defined]
     return code
@@ -280,16 +289,13 @@ def test_push_describe_get_delete(client: Any, registry: LocalRegistry, pusher: 
     assert repo["repositoryUri"] == f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/myrepo"
 
     # what a client does with real ECR: token -> login to proxyEndpoint -> push to its host
-    data = client.get_authorization_token()["authorizationData"][0]
+    data = _login(client, pusher.authfile)
     assert data["proxyEndpoint"] == registry.url
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     assert user == "AWS"
     assert len(password) >= 32
     assert data["expiresAt"] - datetime.now(UTC) > timedelta(hours=11, minutes=59)
     host = data["proxyEndpoint"].removeprefix("http://")
-    _podman(
-        "login", "--tls-verify=false", "--authfile", str(pusher.authfile), "-u", user, "-p", password, host
-    )
     assert host in json.loads(pusher.authfile.read_text())["auths"]
     second = client.get_authorization_token()["authorizationData"][0]["authorizationToken"]
     assert second != data["authorizationToken"]
@@ -447,6 +453,7 @@ def test_push_describe_get_delete(client: Any, registry: LocalRegistry, pusher: 
 def test_image_in_registry_but_not_in_moto(client: Any, registry: LocalRegistry, pusher: Pusher) -> None:
     from botocore.exceptions import ClientError
 
+    _login(client, pusher.authfile)  # whichever test ran first
     pusher.push("orphan", "v1", fmt="v2s2")
     assert "orphan" in registry.repositories()
     for call in (client.describe_images, client.list_images):
