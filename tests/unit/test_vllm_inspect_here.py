@@ -1,0 +1,61 @@
+"""lmforge.engines.vllm.inspect_here: on vLLM's CPU platform a model class is inspected in the process
+that asks (no new interpreter importing vLLM and torch again), and the answer is vLLM's own."""
+
+from __future__ import annotations
+
+import sys
+import types
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytest
+
+from lmforge.engines.vllm import inspect_here
+from tests.shared_vllm import needs_vllm
+
+
+def test_it_replaces_the_function_the_registry_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake of vLLM's registry module (the boundary: importing vLLM is seconds)."""
+
+    def in_a_subprocess(fn: object) -> object:
+        raise AssertionError("a new interpreter was started")
+
+    registry = types.ModuleType(inspect_here.MODULE)
+    registry._run_in_subprocess = in_a_subprocess  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, inspect_here.MODULE, registry)
+    assert inspect_here.apply()
+    assert registry._run_in_subprocess(lambda: 42) == 42  # type: ignore[attr-defined]
+
+    del registry._run_in_subprocess  # type: ignore[attr-defined]  # another vLLM: nothing patched
+    assert not inspect_here.apply()
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_the_answer_is_vllms_and_no_interpreter_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.32's own registry: what its subprocess would answer for Llama, answered here."""
+    import subprocess
+
+    from vllm.model_executor.models import registry
+
+    original = registry._run_in_subprocess
+    monkeypatch.setattr(registry, "_run_in_subprocess", original)  # put back after the test
+    model = registry._LazyRegisteredModel("vllm.model_executor.models.llama", "LlamaForCausalLM")
+    expected = original(lambda: registry._ModelInfo.from_model_cls(model.load_model_cls()))
+    assert inspect_here.apply()
+
+    run = subprocess.run
+
+    def no_interpreter(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        # other commands may run (the import asks `file` for the architecture), not Python
+        assert list(args) != list(registry._SUBPROCESS_COMMAND), "a new interpreter was started"
+        return run(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", no_interpreter)
+    got = registry._run_in_subprocess(lambda: registry._ModelInfo.from_model_cls(model.load_model_cls()))
+    assert got == expected and got.is_text_generation_model and got.architecture == "LlamaForCausalLM"
+
+
+def test_the_plugin_is_registered_for_vllm() -> None:
+    plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert plugins.get(inspect_here.PLUGIN_NAME) == "lmforge.engines.vllm.inspect_here:register"
