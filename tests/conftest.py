@@ -159,6 +159,11 @@ _SHARED_GROUPS = {
     "tests/integration/test_openai_client.py": "tiny-server",
     "tests/integration/test_bench_cli.py": "tiny-server",
     "tests/integration/test_lora.py": "tiny-server",
+    # the unit tests that import vLLM in the worker (~5 CPU-s a worker): one import, not one per file
+    "tests/unit/test_vllm_idle_wait.py": "vllm-unit",
+    "tests/unit/test_vllm_options.py": "vllm-unit",
+    "tests/unit/test_vllm_tool_calls.py": "vllm-unit",
+    "tests/unit/test_vllm_inspect_here.py": "vllm-unit",
 }
 
 
@@ -183,6 +188,7 @@ _GROUP_SECONDS = {
     "tests/integration/test_trtllm_pytorch.py": 26,
     "tests/unit/test_lmi_dist_engine.py": 23,
     "tests/integration/test_container_entrypoint.py": 15,
+    "vllm-unit": 20,
     # small files that mostly wait (a lock's deadline, a registry and podman): placed before the other
     # small files, where the other workers keep both cores busy meanwhile, not in the last seconds of the
     # run, where every worker waited at once (the last 10 s of a fresh-clone run were 43 % busy)
