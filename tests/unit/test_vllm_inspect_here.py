@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import types
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,28 +33,31 @@ def test_it_replaces_the_function_the_registry_calls(monkeypatch: pytest.MonkeyP
 
 @needs_vllm
 @pytest.mark.vllm
-def test_the_answer_is_vllms_and_no_interpreter_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM 0.32's own registry: what its subprocess would answer for Llama, answered here."""
+def test_vllms_registry_inspects_here_and_caches_the_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.32's own registry, through its own call path, with no modelinfos entry (as in a new
+    container): Llama is inspected with no registry interpreter started, and cached as vLLM caches."""
     import subprocess
 
     from vllm.model_executor.models import registry
 
-    original = registry._run_in_subprocess
-    monkeypatch.setattr(registry, "_run_in_subprocess", original)  # put back after the test
-    model = registry._LazyRegisteredModel("vllm.model_executor.models.llama", "LlamaForCausalLM")
-    expected = original(lambda: registry._ModelInfo.from_model_cls(model.load_model_cls()))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))  # empty: the class must be inspected
+    monkeypatch.setattr(registry, "_run_in_subprocess", registry._run_in_subprocess)  # put back after
     assert inspect_here.apply()
-
     run = subprocess.run
 
     def no_interpreter(args: Any, *rest: Any, **kwargs: Any) -> Any:
-        # other commands may run (the import asks `file` for the architecture), not Python
+        # other commands may run (an import asks `file` for the architecture), not vLLM's registry
         assert list(args) != list(registry._SUBPROCESS_COMMAND), "a new interpreter was started"
         return run(args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", no_interpreter)
-    got = registry._run_in_subprocess(lambda: registry._ModelInfo.from_model_cls(model.load_model_cls()))
-    assert got == expected and got.is_text_generation_model and got.architecture == "LlamaForCausalLM"
+    model = registry._LazyRegisteredModel("vllm.model_executor.models.llama", "LlamaForCausalLM")
+    info = model.inspect_model_cls()
+    assert info.architecture == "LlamaForCausalLM"
+    assert info.is_text_generation_model and not info.is_pooling_model and not info.supports_multimodal
+    assert list((tmp_path / "modelinfos").iterdir())
 
 
 def test_the_plugin_is_registered_for_vllm() -> None:
