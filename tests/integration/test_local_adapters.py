@@ -94,6 +94,20 @@ def _wait(sm: Any, name: str, timeout: float = 120) -> dict[str, Any]:
         time.sleep(0.2)
 
 
+def _components_endpoint(sm: Any, role: str, name: str) -> str:
+    """An endpoint for inference components (one instance, no model of its own), in service."""
+    sm.create_endpoint_config(
+        EndpointConfigName=f"{name}-config",
+        ExecutionRoleArn=role,
+        ProductionVariants=[
+            {"VariantName": "main", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
+        ],
+    )
+    sm.create_endpoint(EndpointName=name, EndpointConfigName=f"{name}-config")
+    sm.get_waiter("endpoint_in_service").wait(EndpointName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    return name
+
+
 @pytest.fixture(scope="module")
 def base_component(
     clients: dict[str, Any], local: dict[str, str], material: dict[str, Path], tmp_path_factory: Any
@@ -113,17 +127,7 @@ def base_component(
             "ModelDataUrl": _put(clients, archive, "base/model.tar.gz"),
         },
     )
-    sm.create_endpoint_config(
-        EndpointConfigName="lora-config",
-        ExecutionRoleArn=role,
-        ProductionVariants=[
-            {"VariantName": "main", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
-        ],
-    )
-    sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName="lora-config")
-    sm.get_waiter("endpoint_in_service").wait(
-        EndpointName=ENDPOINT, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-    )
+    _components_endpoint(sm, role, ENDPOINT)
     sm.create_inference_component(
         InferenceComponentName=BASE,
         EndpointName=ENDPOINT,
@@ -425,18 +429,7 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     from lmforge.artifacts import package_model
 
     sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
-    endpoint = "lora-late-endpoint"
-    sm.create_endpoint_config(
-        EndpointConfigName="lora-late-config",
-        ExecutionRoleArn=local["LMFORGE_ROLE_ARN"],
-        ProductionVariants=[
-            {"VariantName": "main", "InstanceType": "ml.g5.12xlarge", "InitialInstanceCount": 1}
-        ],
-    )
-    sm.create_endpoint(EndpointName=endpoint, EndpointConfigName="lora-late-config")
-    sm.get_waiter("endpoint_in_service").wait(
-        EndpointName=endpoint, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-    )
+    endpoint = _components_endpoint(sm, local["LMFORGE_ROLE_ARN"], "lora-late-endpoint")
     archive = package_model(material["plain-model"], tmp_path / "model.tar.gz").output
     sm.create_model(
         ModelName="plain-model",
