@@ -15,6 +15,7 @@ when the generation loop or a tensor-parallel rank fails, and exits 1 when the f
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,8 @@ from lmforge.engines.lmi_dist.profiling import CoreProfiler
 from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.distributed import FollowerGroup
     from lmforge.engines.lmi_dist.loading import Built
@@ -101,6 +104,8 @@ class Core:
         self._push = push
         self._send_lock = threading.Lock()
         self._helper = ThreadPoolExecutor(1, thread_name_prefix="lmi-dist-core-helper")
+        self._to_score: list[ipc.Call] = []
+        self._to_score_lock = threading.Lock()
         self.built: Built | None = None
         self.followers: FollowerGroup | None = None
         self.router: Any = None
@@ -193,6 +198,12 @@ class Core:
             self.forget(message.rid)
             assert self.built is not None
             self.built.manager.cancel_request(message.rid)
+        elif message.method == "score_prompt":
+            with self._to_score_lock:
+                self._to_score.append(message)
+                first = len(self._to_score) == 1
+            if first:  # else a turn of the helper that has not taken the waiting prompts yet will
+                self._helper.submit(self.score_waiting)
         else:
             self._helper.submit(self.call, message)
 
@@ -249,51 +260,84 @@ class Core:
         if track is not None and self.built is not None:
             self.built.sampler.remove(track.key)
 
-    def call(self, message: ipc.Call) -> None:
-        try:
-            assert self.built is not None
-            lora = self.built.lora
-            value: Any = None
-            if message.method == "stats":
-                value = lora.stats() if lora is not None else {}
-            elif message.method == "score_prompt":
-                from lmforge.engines.lmi_dist.prompt_scores import score_prompt
+    def score_waiting(self) -> None:
+        """Score every prompt waiting (``score_prompt`` calls), those of one adapter together
+        (:func:`.prompt_scores.passes`), and answer each call. When a shared pass fails, each of its
+        prompts is scored alone: one bad prompt never fails the others."""
+        from lmforge.engines.lmi_dist.prompt_scores import passes, score_prompts
 
-                built, args = self.built, message.args
-                value = score_prompt(
-                    built.model,
-                    built.gate,
-                    args["ids"],
-                    int(args["top_n"]),
-                    lora=lora,
-                    adapter_id=int(args.get("adapter", 0)),
-                )
-            elif message.method == "profile_start":
-                self.profiler.start()
-            elif message.method == "profile_stop":
-                value = self.profiler.stop(str(message.args["path"]))
-            elif lora is None:
-                raise LmforgeError("LoRA adapters are not enabled in the engine core")
-            elif message.method in ("install", "preload"):
-                ref = ipc.AdapterRef.from_wire(message.args["adapter"])
-                lora.check(ref)
-                if message.method == "install":
-                    lora.install(ref)
+        with self._to_score_lock:
+            calls, self._to_score = self._to_score, []
+        built = self.built
+        assert built is not None
+        adapters = [int(call.args.get("adapter", 0)) for call in calls]
+
+        def score(members: list[int]) -> list[Any]:
+            prompts = [(calls[i].args["ids"], int(calls[i].args["top_n"])) for i in members]
+            adapter = adapters[members[0]]
+            return score_prompts(built.model, built.gate, prompts, lora=built.lora, adapter_id=adapter)
+
+        sizes = [(len(call.args["ids"]), adapter) for call, adapter in zip(calls, adapters, strict=True)]
+        for members in passes(sizes, built.vocab_size):
+            if len(members) > 1:
+                try:
+                    values = score(members)
+                except Exception:
+                    log.warning(
+                        "lmi-dist engine core: a pass scoring %d prompts failed; each alone", len(members)
+                    )
                 else:
-                    lora.host_weights(ref)
-                value = {"load_ms": lora.last_load_ms}
-            elif message.method == "uninstall":
-                lora.uninstall(int(message.args["adapter_id"]))
-            elif message.method == "forget":
-                lora.forget(int(message.args["adapter_id"]))
-            else:
-                raise LmforgeError(f"unknown engine-core call {message.method!r}")
+                    for i, value in zip(members, values, strict=True):
+                        self.send(ipc.Reply(calls[i].call_id, value))
+                    continue
+            for i in members:
+                self._answer([calls[i].call_id], functools.partial(score, [i]))
+
+    def call(self, message: ipc.Call) -> None:
+        self._answer([message.call_id], lambda: [self._method(message)])
+
+    def _answer(self, call_ids: list[int], run: Callable[[], list[Any]]) -> None:
+        """Reply to each call with its value from ``run()``, or to every call with the error it raised."""
+        try:
+            values = run()
         except LmforgeError as err:
-            self.send(ipc.Reply(message.call_id, None, err.message, err.kind, err.param))
+            for call_id in call_ids:
+                self.send(ipc.Reply(call_id, None, err.message, err.kind, err.param))
         except Exception as exc:  # a file that cannot be read, ...: the caller's error, not the core's
-            self.send(ipc.Reply(message.call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
+            for call_id in call_ids:
+                self.send(ipc.Reply(call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
         else:
-            self.send(ipc.Reply(message.call_id, value))
+            for call_id, value in zip(call_ids, values, strict=True):
+                self.send(ipc.Reply(call_id, value))
+
+    def _method(self, message: ipc.Call) -> Any:
+        """A call's value (``score_prompt`` aside: :meth:`score_waiting`)."""
+        assert self.built is not None
+        lora = self.built.lora
+        if message.method == "stats":
+            return lora.stats() if lora is not None else {}
+        if message.method == "profile_start":
+            self.profiler.start()
+            return None
+        if message.method == "profile_stop":
+            return self.profiler.stop(str(message.args["path"]))
+        if lora is None:
+            raise LmforgeError("LoRA adapters are not enabled in the engine core")
+        if message.method in ("install", "preload"):
+            ref = ipc.AdapterRef.from_wire(message.args["adapter"])
+            lora.check(ref)
+            if message.method == "install":
+                lora.install(ref)
+            else:
+                lora.host_weights(ref)
+            return {"load_ms": lora.last_load_ms}
+        if message.method == "uninstall":
+            lora.uninstall(int(message.args["adapter_id"]))
+        elif message.method == "forget":
+            lora.forget(int(message.args["adapter_id"]))
+        else:
+            raise LmforgeError(f"unknown engine-core call {message.method!r}")
+        return None
 
     # ------------------------------------------------------------------ health and stop
 
