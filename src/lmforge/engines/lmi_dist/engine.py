@@ -263,6 +263,11 @@ class LmiDistEngine(EngineBase):
                     await live.wake.wait()
                     continue
                 out = live.outputs.popleft()
+                if out.status == ipc.FAILED and live.dead_error is not None:
+                    # the core failed it because the engine is stopping (or dying) after the frontend
+                    # ended its requests: the stream ends with the reason they were given
+                    live.engine_done = True
+                    continue
                 if out.status == ipc.REJECTED:
                     live.engine_done = True
                     raise _refusal(out)
