@@ -42,7 +42,7 @@ def test_a_request_the_core_fails_at_shutdown_ends_with_the_shutdown(tiny_model:
         request = GenerationRequest("r1", ids, SamplingParams(max_new_tokens=50, ignore_eos=True))
         stream = engine.generate(request)
         first = asyncio.ensure_future(anext(stream))
-        while not sent:  # submitted: the stream now waits for the core
+        while not sent and not first.done():  # submitted: the stream now waits for the core
             await asyncio.sleep(0)
         [add] = sent
         engine._on_outputs([ipc.Out(add.rid, [7], [-0.5], None, ipc.RUNNING)])
@@ -53,7 +53,7 @@ def test_a_request_the_core_fails_at_shutdown_ends_with_the_shutdown(tiny_model:
         events += [e async for e in stream]
         return events
 
-    events = asyncio.run(scenario())
+    events = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert [e.token.id for e in events if e.token is not None] == [7]
     last = events[-1]
     assert last.finish_reason == FinishReason.ERROR

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -103,9 +104,11 @@ def test_passes_keep_adapters_apart_and_the_logits_bounded() -> None:
     assert passes([(short, 0)] * 9, VOCAB) == [list(range(8)), [8]]
 
 
-def _core_after(model: Any, gate: ForwardGate, calls: list[ipc.Call]) -> tuple[dict[int, Any], int]:
-    """A core whose helper thread is busy while ``calls`` arrive: its replies by call id once they are
-    answered, and how many forward passes it made."""
+def _core_after(
+    model: Any, gate: ForwardGate, calls: list[ipc.Call], later: list[ipc.Call] | None = None
+) -> tuple[dict[int, Any], int]:
+    """A core whose helper thread is busy while ``calls`` arrive, then ``later`` once those are answered:
+    its replies by call id, and how many forward passes it made."""
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.core import Core
 
@@ -121,11 +124,17 @@ def _core_after(model: Any, gate: ForwardGate, calls: list[ipc.Call]) -> tuple[d
         for call in calls:
             core.handle(call)
         busy.set()
-        core._helper.shutdown(wait=True)
+        deadline = time.monotonic() + 30
+        while len(sent) < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for call in later or []:
+            core.handle(call)
     finally:
+        busy.set()
+        core._helper.shutdown(wait=True)
         hook.remove()
     replies = {m.call_id: m for m in sent}
-    assert len(replies) == len(sent) == len(calls), "one reply per call"
+    assert len(replies) == len(sent) == len(calls) + len(later or []), "one reply per call"
     return replies, len(forwards)
 
 
@@ -157,4 +166,24 @@ def test_a_prompt_that_breaks_a_shared_pass_fails_alone(model: Any, gate: Forwar
     assert replies[1].kind == "model_error" and "IndexError" in (replies[1].error or "")
     for i, (ids, top_n) in ((0, PROMPTS[0]), (2, PROMPTS[3])):
         got = [(t, lp, [tuple(a) for a in top]) for t, lp, top in replies[i].value]
+        _same(got, score_prompt(model, gate, ids, top_n))
+
+
+def test_calls_after_a_turn_are_the_next_turns_and_a_malformed_one_is_answered(
+    model: Any, gate: ForwardGate
+) -> None:
+    """The calls that arrive once a turn of the helper has taken the waiting ones make the next turn's
+    pass; a call without ids (lmforge's frontend never sends one) gets an error, and the others of its
+    turn are scored."""
+    first = _calls(PROMPTS[:2])
+    later = [
+        ipc.Call(10, "score_prompt", {"ids": PROMPTS[2][0], "top_n": PROMPTS[2][1]}),
+        ipc.Call(11, "score_prompt", {"top_n": 1}),
+        ipc.Call(12, "score_prompt", {"ids": PROMPTS[3][0], "top_n": PROMPTS[3][1]}),
+    ]
+    replies, forwards = _core_after(model, gate, first, later)
+    assert forwards == 2
+    assert replies[11].kind == "model_error" and "KeyError" in (replies[11].error or "")
+    for call_id, (ids, top_n) in ((0, PROMPTS[0]), (1, PROMPTS[1]), (10, PROMPTS[2]), (12, PROMPTS[3])):
+        got = [(t, lp, [tuple(a) for a in top]) for t, lp, top in replies[call_id].value]
         _same(got, score_prompt(model, gate, ids, top_n))

@@ -270,28 +270,37 @@ class Core:
             calls, self._to_score = self._to_score, []
         built = self.built
         assert built is not None
-        adapters = [int(call.args.get("adapter", 0)) for call in calls]
+        jobs: list[tuple[int, list[int], int, int]] = []  # call id, ids, top_n, adapter
+        for call in calls:
+            try:
+                args = call.args
+                jobs.append(
+                    (call.call_id, list(args["ids"]), int(args["top_n"]), int(args.get("adapter", 0)))
+                )
+            except Exception as exc:  # never from lmforge's frontend; answered all the same
+                self._fail([call.call_id], exc)
 
         def score(members: list[int]) -> list[Any]:
-            prompts = [(calls[i].args["ids"], int(calls[i].args["top_n"])) for i in members]
-            adapter = adapters[members[0]]
+            prompts = [(jobs[i][1], jobs[i][2]) for i in members]
+            adapter = jobs[members[0]][3]
             return score_prompts(built.model, built.gate, prompts, lora=built.lora, adapter_id=adapter)
 
-        sizes = [(len(call.args["ids"]), adapter) for call, adapter in zip(calls, adapters, strict=True)]
-        for members in passes(sizes, built.vocab_size):
+        for members in passes([(len(ids), adapter) for _, ids, _, adapter in jobs], built.vocab_size):
             if len(members) > 1:
                 try:
                     values = score(members)
                 except Exception:
                     log.warning(
-                        "lmi-dist engine core: a pass scoring %d prompts failed; each alone", len(members)
+                        "lmi-dist engine core: a pass scoring %d prompts failed; each alone",
+                        len(members),
+                        exc_info=True,
                     )
                 else:
                     for i, value in zip(members, values, strict=True):
-                        self.send(ipc.Reply(calls[i].call_id, value))
+                        self.send(ipc.Reply(jobs[i][0], value))
                     continue
             for i in members:
-                self._answer([calls[i].call_id], functools.partial(score, [i]))
+                self._answer([jobs[i][0]], functools.partial(score, [i]))
 
     def call(self, message: ipc.Call) -> None:
         self._answer([message.call_id], lambda: [self._method(message)])
@@ -300,15 +309,20 @@ class Core:
         """Reply to each call with its value from ``run()``, or to every call with the error it raised."""
         try:
             values = run()
-        except LmforgeError as err:
-            for call_id in call_ids:
-                self.send(ipc.Reply(call_id, None, err.message, err.kind, err.param))
-        except Exception as exc:  # a file that cannot be read, ...: the caller's error, not the core's
-            for call_id in call_ids:
-                self.send(ipc.Reply(call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
+        except Exception as exc:
+            self._fail(call_ids, exc)
         else:
             for call_id, value in zip(call_ids, values, strict=True):
                 self.send(ipc.Reply(call_id, value))
+
+    def _fail(self, call_ids: list[int], exc: Exception) -> None:
+        """Reply to each call with ``exc``: an :class:`LmforgeError` as its kind says, anything else (a
+        file that cannot be read, ...) as the caller's ``model_error``, not the core's."""
+        for call_id in call_ids:
+            if isinstance(exc, LmforgeError):
+                self.send(ipc.Reply(call_id, None, exc.message, exc.kind, exc.param))
+            else:
+                self.send(ipc.Reply(call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
 
     def _method(self, message: ipc.Call) -> Any:
         """A call's value (``score_prompt`` aside: :meth:`score_waiting`)."""
