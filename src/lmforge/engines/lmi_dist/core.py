@@ -22,7 +22,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lmforge.engines.lmi_dist import ipc
 from lmforge.engines.lmi_dist.profiling import CoreProfiler
@@ -42,6 +42,15 @@ CONFIG_ENV = "LMFORGE_LMI_DIST_CORE_CONFIG"
 REQUESTS_ENV = "LMFORGE_LMI_DIST_CORE_REQUESTS"
 OUTPUTS_ENV = "LMFORGE_LMI_DIST_CORE_OUTPUTS"
 _POLL_MS = 250
+
+
+class _ScoreJob(NamedTuple):
+    """A ``score_prompt`` call, read."""
+
+    call_id: int
+    ids: list[int]
+    top_n: int
+    adapter: int
 
 
 @dataclass
@@ -270,22 +279,24 @@ class Core:
             calls, self._to_score = self._to_score, []
         built = self.built
         assert built is not None
-        jobs: list[tuple[int, list[int], int, int]] = []  # call id, ids, top_n, adapter
+        jobs: list[_ScoreJob] = []
         for call in calls:
             try:
                 args = call.args
                 jobs.append(
-                    (call.call_id, list(args["ids"]), int(args["top_n"]), int(args.get("adapter", 0)))
+                    _ScoreJob(
+                        call.call_id, list(args["ids"]), int(args["top_n"]), int(args.get("adapter", 0))
+                    )
                 )
             except Exception as exc:  # never from lmforge's frontend; answered all the same
                 self._fail([call.call_id], exc)
 
         def score(members: list[int]) -> list[Any]:
-            prompts = [(jobs[i][1], jobs[i][2]) for i in members]
-            adapter = jobs[members[0]][3]
+            prompts = [(jobs[i].ids, jobs[i].top_n) for i in members]
+            adapter = jobs[members[0]].adapter
             return score_prompts(built.model, built.gate, prompts, lora=built.lora, adapter_id=adapter)
 
-        for members in passes([(len(ids), adapter) for _, ids, _, adapter in jobs], built.vocab_size):
+        for members in passes([(len(job.ids), job.adapter) for job in jobs], built.vocab_size):
             if len(members) > 1:
                 try:
                     values = score(members)
@@ -297,10 +308,10 @@ class Core:
                     )
                 else:
                     for i, value in zip(members, values, strict=True):
-                        self.send(ipc.Reply(jobs[i][0], value))
+                        self.send(ipc.Reply(jobs[i].call_id, value))
                     continue
             for i in members:
-                self._answer([jobs[i][0]], functools.partial(score, [i]))
+                self._answer([jobs[i].call_id], functools.partial(score, [i]))
 
     def call(self, message: ipc.Call) -> None:
         self._answer([message.call_id], lambda: [self._method(message)])
