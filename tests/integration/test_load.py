@@ -719,20 +719,36 @@ def _leaf(param: str) -> str:
     return names[-1] if names else param
 
 
+# The strategies the composites below draw from are made once, here: Hypothesis validates each new
+# strategy object on its first draw, and making them inside the composites (a new object every draw)
+# was half of the ~6 CPU-s that drawing the 10,000 bodies took.
+_BOOL = st.booleans()
+_FIELDS = {
+    chat: st.sampled_from(sorted((KINDS_CHAT if chat else KINDS_LMI).items())) for chat in (False, True)
+}
+_WRONG_TYPE = {
+    kind: _json.filter(lambda v, kind=kind: not type_ok(kind, v))
+    for kind in sorted({*KINDS_CHAT.values(), *KINDS_LMI.values()})
+}
+
+
 @st.composite
 def wrong_types(draw: st.DrawFn) -> Case:
-    chat = draw(st.booleans())
-    path, kind = draw(st.sampled_from(sorted((KINDS_CHAT if chat else KINDS_LMI).items())))
-    value = draw(_json.filter(lambda v: not type_ok(kind, v)))
+    chat = draw(_BOOL)
+    path, kind = draw(_FIELDS[chat])
+    value = draw(_WRONG_TYPE[kind])
     body = base_body(chat)
     if path.startswith("stream_options."):
         body["stream_options"] = {}
     return Case("wrong_type", dumps(set_path(body, path, value)), param=path, words=(path,))
 
 
+_NUMBER_PATHS = st.sampled_from(sorted(BAD_NUMBERS))
+
+
 @st.composite
 def bad_numbers(draw: st.DrawFn) -> Case:
-    path = draw(st.sampled_from(sorted(BAD_NUMBERS)))
+    path = draw(_NUMBER_PATHS)
     value = draw(BAD_NUMBERS[path])
     chat = not path.startswith("parameters.")
     body = set_path(base_body(chat), path, value)
@@ -740,12 +756,16 @@ def bad_numbers(draw: st.DrawFn) -> Case:
     return Case(family, dumps(body), param=path, words=(_leaf(path),))
 
 
+_DIGITS = st.integers(min_value=4301, max_value=20000)
+_SIGN = st.sampled_from(["", "-"])
+
+
 @st.composite
 def long_numbers(draw: st.DrawFn) -> Case:
     """Numbers with more digits than Python converts (4300): refused before any field is looked at."""
-    path = draw(st.sampled_from(sorted(BAD_NUMBERS)))
-    digits = draw(st.integers(min_value=4301, max_value=20000))
-    sign = draw(st.sampled_from(["", "-"]))
+    path = draw(_NUMBER_PATHS)
+    digits = draw(_DIGITS)
+    sign = draw(_SIGN)
     body = set_path(base_body(not path.startswith("parameters.")), path, "__NUM__")
     text = dumps(body).replace(b'"__NUM__"', (sign + "9" * digits).encode())
     return Case("long_number", text, param="body", words=("digits",))
@@ -766,10 +786,17 @@ _KNOWN = {
 }
 
 
+_WHERE = st.sampled_from(["", "parameters", "chat", "messages.0", "stream_options"])
+_UNKNOWN_KEY = {
+    where: st.text(min_size=1, max_size=12).filter(lambda k, known=known: k not in known)
+    for where, known in _KNOWN.items()
+}
+
+
 @st.composite
 def unknown_fields(draw: st.DrawFn) -> Case:
-    where = draw(st.sampled_from(["", "parameters", "chat", "messages.0", "stream_options"]))
-    key = draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in _KNOWN[where]))
+    where = draw(_WHERE)
+    key = draw(_UNKNOWN_KEY[where])
     value = draw(_json)
     body = base_body(where in ("chat", "messages.0", "stream_options"))
     if where in ("", "chat"):
@@ -784,12 +811,17 @@ def unknown_fields(draw: st.DrawFn) -> Case:
     return Case("unknown_field", dumps(body), param=param, words=(key,))
 
 
+_PATHS = {chat: st.sampled_from(sorted(KINDS_CHAT if chat else KINDS_LMI)) for chat in (False, True)}
+_DEPTH = st.integers(2, 400) | st.integers(400, 2000) | st.integers(2000, 9000)
+_BRACKETS = st.sampled_from([("[", "]"), ('{"a":', "}")])
+
+
 @st.composite
 def deep_values(draw: st.DrawFn) -> Case:
-    chat = draw(st.booleans())
-    path = draw(st.sampled_from(sorted(KINDS_CHAT if chat else KINDS_LMI)))
-    depth = draw(st.integers(2, 400) | st.integers(400, 2000) | st.integers(2000, 9000))
-    opener, closer = draw(st.sampled_from([("[", "]"), ('{"a":', "}")]))
+    chat = draw(_BOOL)
+    path = draw(_PATHS[chat])
+    depth = draw(_DEPTH)
+    opener, closer = draw(_BRACKETS)
     marker = "__DEEP__"
     body = base_body(chat)
     if path.startswith("stream_options."):
@@ -818,10 +850,20 @@ _STRING_FIELDS_LMI = ["inputs", "parameters.stop", "parameters.stop_sequences.0"
 _STRING_FIELDS_CHAT = ["messages.0.content", "messages.0.content.0.text", "messages.0.name", "stop", "user"]
 
 
+_STRING_FIELDS = {
+    chat: st.sampled_from(_STRING_FIELDS_CHAT if chat else _STRING_FIELDS_LMI) for chat in (False, True)
+}
+_AROUND = st.text(max_size=4)
+_UNICODE_KIND = st.sampled_from(["raw", "escaped_surrogate", "encoded_surrogate"])
+_NOT_UTF8 = st.sampled_from(_BAD_UTF8)
+_ESCAPED_SURROGATE = st.sampled_from(["\\ud800", "\\udfff", "\\udbff", "\\ud83dx", "\\ude00\\ud83d"])
+_ENCODED_SURROGATE = st.sampled_from([b"\xed\xa0\x80", b"\xed\xbf\xbf"])
+
+
 @st.composite
 def bad_unicode(draw: st.DrawFn) -> Case:
-    chat = draw(st.booleans())
-    path = draw(st.sampled_from(_STRING_FIELDS_CHAT if chat else _STRING_FIELDS_LMI))
+    chat = draw(_BOOL)
+    path = draw(_STRING_FIELDS[chat])
     body = base_body(chat)
     if path == "parameters.stop_sequences.0":
         body["parameters"]["stop_sequences"] = ["x"]
@@ -829,29 +871,36 @@ def bad_unicode(draw: st.DrawFn) -> Case:
         body["messages"][0]["content"] = [{"type": "text", "text": "x"}]
     marker = "__TEXT__"
     text = dumps(set_path(body, path, marker))
-    before, after = draw(st.text(max_size=4)), draw(st.text(max_size=4))
-    kind = draw(st.sampled_from(["raw", "escaped_surrogate", "encoded_surrogate"]))
+    before, after = draw(_AROUND), draw(_AROUND)
+    kind = draw(_UNICODE_KIND)
     if kind == "raw":  # bytes that are not UTF-8 at all
-        bad = draw(st.sampled_from(_BAD_UTF8))
+        bad = draw(_NOT_UTF8)
         piece = before.encode() + bad + after.encode()
         return Case("non_utf8", text.replace(marker.encode(), piece), param="body", words=("UTF-8",))
     if kind == "escaped_surrogate":  # valid JSON text, but not a Unicode string
-        s = draw(st.sampled_from(["\\ud800", "\\udfff", "\\udbff", "\\ud83dx", "\\ude00\\ud83d"]))
+        s = draw(_ESCAPED_SURROGATE)
         piece = json.dumps(before)[1:-1].encode() + s.encode() + json.dumps(after)[1:-1].encode()
     else:  # a surrogate encoded as UTF-8 bytes (invalid UTF-8; Python's json would let it through)
-        bad = draw(st.sampled_from([b"\xed\xa0\x80", b"\xed\xbf\xbf"]))
+        bad = draw(_ENCODED_SURROGATE)
         piece = json.dumps(before)[1:-1].encode() + bad + json.dumps(after)[1:-1].encode()
     return Case("surrogate", text.replace(marker.encode(), piece), param=path, words=(_leaf(path),))
 
 
+_BODIES = {chat: dumps(base_body(chat)) for chat in (False, True)}
+_CUTS = {chat: st.integers(min_value=1, max_value=len(text) - 1) for chat, text in _BODIES.items()}
+_BREAK = st.sampled_from(["truncate", "trailing", "single_quotes", "trailing_comma", "bare_key"])
+_TRAILING = st.sampled_from([b"}", b"]", b",", b"x", b"{", b'"', b"nul", b"{}"])
+
+
 @st.composite
 def broken_json(draw: st.DrawFn) -> Case:
-    text = dumps(base_body(draw(st.booleans())))
-    how = draw(st.sampled_from(["truncate", "trailing", "single_quotes", "trailing_comma", "bare_key"]))
+    chat = draw(_BOOL)
+    text = _BODIES[chat]
+    how = draw(_BREAK)
     if how == "truncate":
-        out = text[: draw(st.integers(min_value=1, max_value=len(text) - 1))]
+        out = text[: draw(_CUTS[chat])]
     elif how == "trailing":
-        out = text + draw(st.sampled_from([b"}", b"]", b",", b"x", b"{", b'"', b"nul", b"{}"]))
+        out = text + draw(_TRAILING)
     elif how == "single_quotes":
         out = text.replace(b'"', b"'")
     elif how == "trailing_comma":
@@ -861,10 +910,14 @@ def broken_json(draw: st.DrawFn) -> Case:
     return Case("broken_json", out, param="body", words=("JSON",))
 
 
+_EMPTY_TYPES = st.sampled_from([None, "application/json", "application/octet-stream"])
+_NON_OBJECTS = st.sampled_from([b"", b" ", b"\n", b"null", b"[]", b"0", b'"x"', b"true", b"[{}]", b"{}"])
+
+
 @st.composite
 def empty_and_non_objects(draw: st.DrawFn) -> Case:
-    ctype = draw(st.sampled_from([None, "application/json", "application/octet-stream"]))
-    content = draw(st.sampled_from([b"", b" ", b"\n", b"null", b"[]", b"0", b'"x"', b"true", b"[{}]", b"{}"]))
+    ctype = draw(_EMPTY_TYPES)
+    content = draw(_NON_OBJECTS)
     if content == b"{}":
         return Case("empty", content, ctype, param="inputs", words=("inputs",))
     if content.strip() == b"":
@@ -881,31 +934,34 @@ _NOT_JSON = [
 ]
 
 
+_OTHER_TYPES = st.sampled_from(
+    [
+        "application/x-www-form-urlencoded",
+        "application/xml",
+        "multipart/form-data; boundary=b",
+        "image/png",
+        "application/octet-stream",
+        None,
+    ]
+)
+_NOT_JSON_BODIES = st.sampled_from(_NOT_JSON)
+
+
 @st.composite
 def wrong_content_types(draw: st.DrawFn) -> Case:
-    ctype = draw(
-        st.sampled_from(
-            [
-                "application/x-www-form-urlencoded",
-                "application/xml",
-                "multipart/form-data; boundary=b",
-                "image/png",
-                "application/octet-stream",
-                None,
-            ]
-        )
-    )
-    content = draw(st.sampled_from(_NOT_JSON))
-    if draw(st.booleans()):  # text/* bodies are the prompt; one that is not UTF-8 is refused
-        return Case(
-            "content_type", content + draw(st.sampled_from(_BAD_UTF8)), "text/plain", words=("UTF-8",)
-        )
+    ctype = draw(_OTHER_TYPES)
+    content = draw(_NOT_JSON_BODIES)
+    if draw(_BOOL):  # text/* bodies are the prompt; one that is not UTF-8 is refused
+        return Case("content_type", content + draw(_NOT_UTF8), "text/plain", words=("UTF-8",))
     return Case("content_type", content, ctype, words=("JSON", "UTF-8"))
+
+
+_OVERSIZE = st.integers(min_value=MAX_REQUEST_SIZE + 1, max_value=3 * MAX_REQUEST_SIZE)
 
 
 @st.composite
 def oversized(draw: st.DrawFn) -> Case:
-    size = draw(st.integers(min_value=MAX_REQUEST_SIZE + 1, max_value=3 * MAX_REQUEST_SIZE))
+    size = draw(_OVERSIZE)
     head = b'{"inputs": "'
     content = head + b"a" * (size - len(head) - 2) + b'"}'
     return Case(
@@ -914,49 +970,46 @@ def oversized(draw: st.DrawFn) -> Case:
         status=413,
         param="body",
         words=("max_request_size",),
-        chunked=draw(st.booleans()),
+        chunked=draw(_BOOL),
     )
+
+
+_BAD_STRING = st.sampled_from(
+    ["inputs", "role", "stop_empty", "stop_many", "long_prompt", "messages", "content_part"]
+)
+_ROLE = st.text(max_size=10).filter(lambda r: r not in ("system", "user", "assistant", "tool", "developer"))
+_LMI_STOP = st.sampled_from(["parameters.stop", "parameters.stop_sequences"])
+_EMPTY_STOPS = st.sampled_from([[""], ["a", ""], ""])
+_MANY_STOPS = st.lists(st.text(min_size=1, max_size=3), min_size=17, max_size=40)
+_LINES = st.integers(min_value=300, max_value=2000)
+_PARTS = st.sampled_from([{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text"}, {"text": "x"}])
 
 
 @st.composite
 def bad_strings(draw: st.DrawFn) -> Case:
     """Right types, wrong values: empty prompt, unknown role, empty or too many stop strings, a prompt
     longer than the model, no messages."""
-    which = draw(
-        st.sampled_from(
-            ["inputs", "role", "stop_empty", "stop_many", "long_prompt", "messages", "content_part"]
-        )
-    )
+    which = draw(_BAD_STRING)
     if which == "inputs":
         return Case("bad_value", dumps({"inputs": ""}), param="inputs", words=("inputs",))
     if which == "role":
-        role = draw(
-            st.text(max_size=10).filter(
-                lambda r: r not in ("system", "user", "assistant", "tool", "developer")
-            )
-        )
+        role = draw(_ROLE)
         body = set_path(base_body(True), "messages.0.role", role)
         return Case("bad_value", dumps(body), param="messages.0.role", words=("role",))
     if which == "stop_empty":
-        chat = draw(st.booleans())
-        path = "stop" if chat else draw(st.sampled_from(["parameters.stop", "parameters.stop_sequences"]))
-        body = set_path(base_body(chat), path, draw(st.sampled_from([[""], ["a", ""], ""])))
+        chat = draw(_BOOL)
+        path = "stop" if chat else draw(_LMI_STOP)
+        body = set_path(base_body(chat), path, draw(_EMPTY_STOPS))
         return Case("bad_value", dumps(body), param=path, words=(_leaf(path),))
     if which == "stop_many":
-        stops = draw(st.lists(st.text(min_size=1, max_size=3), min_size=17, max_size=40))
+        stops = draw(_MANY_STOPS)
         body = set_path(base_body(False), "parameters.stop_sequences", stops)
         return Case("bad_value", dumps(body), param="parameters.stop_sequences", words=("stop_sequences",))
     if which == "long_prompt":
-        body = set_path(
-            base_body(False), "inputs", "x = 1\n" * draw(st.integers(min_value=300, max_value=2000))
-        )
+        body = set_path(base_body(False), "inputs", "x = 1\n" * draw(_LINES))
         return Case("bad_value", dumps(body), param="inputs", words=("prompt",))
     if which == "content_part":
-        part = draw(
-            st.sampled_from(
-                [{"type": "image_url", "image_url": {"url": "x"}}, {"type": "text"}, {"text": "x"}]
-            )
-        )
+        part = draw(_PARTS)
         body = set_path(base_body(True), "messages.0.content", [part])
         return Case("bad_value", dumps(body), param="messages.0.content", words=("content",))
     return Case("bad_value", dumps({"messages": [], "max_tokens": 1}), param="messages", words=("messages",))
