@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +14,32 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder that ``build(folder)`` fills, built once per test run, whichever pytest-xdist worker asks
+    first (the others wait on a lock and use it): deterministic inputs the workers would otherwise each
+    build (the example model trains its tokenizer, ~3 CPU-s). Callers copy it; it is never changed."""
+    base = factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not folder.exists():
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+            build(staging / name)
+            (staging / name).rename(folder)
+            staging.rmdir()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded example model (random-weight Llama + locally trained tokenizer), built once."""
+    """The embedded example model (random-weight Llama + locally trained tokenizer), built once per
+    run; each worker has its own copy (tests put folders of their own beside it)."""
     from lmforge.models.example import write_example_model
 
-    return write_example_model(tmp_path_factory.mktemp("models") / "tiny")
+    built = built_once(tmp_path_factory, "tiny", write_example_model)
+    return Path(shutil.copytree(built, tmp_path_factory.mktemp("models") / "tiny"))
 
 
 @pytest.fixture(scope="session")
@@ -86,18 +110,26 @@ class Reference:
 
 
 @pytest.fixture(scope="session")
-def lora_adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three PEFT adapters for the tiny model: all layers r=8, attention only r=4, MLP only r=16."""
+    from lmforge.models.example import write_example_model
     from lmforge.testing.lora import make_adapter
 
-    root = tmp_path_factory.mktemp("adapters")
-    return {
-        "a1": make_adapter(tiny_model, root / "a1", seed=1),
-        "a2": make_adapter(tiny_model, root / "a2", seed=2, rank=4, targets=("q_proj", "v_proj")),
-        "a3": make_adapter(
-            tiny_model, root / "a3", seed=3, rank=16, targets=("gate_proj", "up_proj", "down_proj")
-        ),
-    }
+    base = built_once(tmp_path_factory, "tiny", write_example_model)  # the original tiny_model copies
+
+    def build(root: Path) -> None:
+        make_adapter(base, root / "a1", seed=1)
+        make_adapter(base, root / "a2", seed=2, rank=4, targets=("q_proj", "v_proj"))
+        make_adapter(base, root / "a3", seed=3, rank=16, targets=("gate_proj", "up_proj", "down_proj"))
+
+    root = Path(
+        shutil.copytree(
+            built_once(tmp_path_factory, "adapters", build),
+            tmp_path_factory.mktemp("adapters"),
+            dirs_exist_ok=True,
+        )
+    )
+    return {name: root / name for name in ("a1", "a2", "a3")}
 
 
 @pytest.hookimpl(wrapper=True)
