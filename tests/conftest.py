@@ -115,7 +115,7 @@ def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from lmforge.models.example import write_example_model
     from lmforge.testing.lora import make_adapter
 
-    base = built_once(tmp_path_factory, "tiny", write_example_model)  # the original tiny_model copies
+    base = built_once(tmp_path_factory, "tiny", write_example_model)  # what every tiny_model is a copy of
 
     def build(root: Path) -> None:
         make_adapter(base, root / "a1", seed=1)

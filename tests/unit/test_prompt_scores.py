@@ -16,7 +16,6 @@ from lmforge.engines.lmi_dist.prompt_scores import (
     ForwardGate,
     Scored,
     passes,
-    score_prompt,
     score_prompts,
 )
 
@@ -71,10 +70,20 @@ def _same(got: Scored, want: Scored) -> None:
         assert [v for _, v in top] == pytest.approx([v for _, v in want_top], abs=1e-5)
 
 
+def _alone(model: Any, gate: ForwardGate, ids: list[int], top_n: int) -> Scored:
+    return score_prompts(model, gate, [(ids, top_n)])[0]
+
+
+def _same_as_alone(reply: ipc.Reply, model: Any, gate: ForwardGate, ids: list[int], top_n: int) -> None:
+    """A core's reply (alternatives as lists, off the wire) is what the prompt gets scored alone."""
+    assert reply.error is None, reply.error
+    _same([(t, lp, [tuple(a) for a in top]) for t, lp, top in reply.value], _alone(model, gate, ids, top_n))
+
+
 def test_prompts_scored_in_one_pass_get_what_each_gets_alone(model: Any, gate: ForwardGate) -> None:
     import torch
 
-    alone = [score_prompt(model, gate, ids, top_n) for ids, top_n in PROMPTS]
+    alone = [_alone(model, gate, ids, top_n) for ids, top_n in PROMPTS]
     together = score_prompts(model, gate, PROMPTS)
     for got, want, (ids, top_n) in zip(together, alone, PROMPTS, strict=True):
         _same(got, want)
@@ -152,9 +161,7 @@ def test_the_core_scores_the_prompts_waiting_together_and_answers_each(model: An
     replies, forwards = _core_after(model, gate, _calls([*PROMPTS, huge]))
     assert forwards == 2
     for i, (ids, top_n) in enumerate([*PROMPTS, huge]):
-        assert replies[i].error is None
-        got = [(t, lp, [tuple(a) for a in top]) for t, lp, top in replies[i].value]
-        _same(got, score_prompt(model, gate, ids, top_n))
+        _same_as_alone(replies[i], model, gate, ids, top_n)
 
 
 def test_a_prompt_that_breaks_a_shared_pass_fails_alone(model: Any, gate: ForwardGate) -> None:
@@ -165,8 +172,7 @@ def test_a_prompt_that_breaks_a_shared_pass_fails_alone(model: Any, gate: Forwar
     assert forwards == 1 + 3  # the shared pass, then each alone
     assert replies[1].kind == "model_error" and "IndexError" in (replies[1].error or "")
     for i, (ids, top_n) in ((0, PROMPTS[0]), (2, PROMPTS[3])):
-        got = [(t, lp, [tuple(a) for a in top]) for t, lp, top in replies[i].value]
-        _same(got, score_prompt(model, gate, ids, top_n))
+        _same_as_alone(replies[i], model, gate, ids, top_n)
 
 
 def test_calls_after_a_turn_are_the_next_turns_and_a_malformed_one_is_answered(
@@ -185,5 +191,4 @@ def test_calls_after_a_turn_are_the_next_turns_and_a_malformed_one_is_answered(
     assert forwards == 2
     assert replies[11].kind == "model_error" and "KeyError" in (replies[11].error or "")
     for call_id, (ids, top_n) in ((0, PROMPTS[0]), (1, PROMPTS[1]), (10, PROMPTS[2]), (12, PROMPTS[3])):
-        got = [(t, lp, [tuple(a) for a in top]) for t, lp, top in replies[call_id].value]
-        _same(got, score_prompt(model, gate, ids, top_n))
+        _same_as_alone(replies[call_id], model, gate, ids, top_n)

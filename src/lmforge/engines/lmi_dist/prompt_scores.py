@@ -83,21 +83,6 @@ def _adapter_only(lora: LoraLayers | None, adapter_id: int) -> Iterator[None]:
         del lora.scoring.adapter
 
 
-def score_prompt(
-    model: Any,
-    gate: ForwardGate,
-    ids: list[int],
-    top_n: int,
-    *,
-    lora: LoraLayers | None = None,
-    adapter_id: int = 0,
-) -> Scored:
-    """One entry per prompt token: the first unscored (NaN, no alternatives), every other with its
-    log-prob given the tokens before it and its ``top_n`` most likely alternatives. ``adapter_id``
-    must be installed in ``lora`` (the caller holds its slot) when it is not 0."""
-    return score_prompts(model, gate, [(ids, top_n)], lora=lora, adapter_id=adapter_id)[0]
-
-
 def score_prompts(
     model: Any,
     gate: ForwardGate,
@@ -106,8 +91,10 @@ def score_prompts(
     lora: LoraLayers | None = None,
     adapter_id: int = 0,
 ) -> list[Scored]:
-    """:func:`score_prompt` of each ``(ids, top_n)``, all with ``adapter_id``, in one forward pass
-    (right-padded: see the module's docstring)."""
+    """For each ``(ids, top_n)``, one entry per prompt token: the first unscored (NaN, no
+    alternatives), every other with its log-prob given the tokens before it and its ``top_n`` most
+    likely alternatives. All the prompts take ``adapter_id`` (installed in ``lora``, its slot held by
+    the caller, when it is not 0) and one forward pass (right-padded: see the module's docstring)."""
     import torch
 
     out: list[Scored] = [[(ids[0], math.nan, [])] for ids, _ in prompts]
