@@ -32,14 +32,20 @@ def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path
     return folder
 
 
+def _tiny_built_once(factory: pytest.TempPathFactory) -> Path:
+    """The example model as :func:`built_once` keeps it: what every ``tiny_model`` is a copy of."""
+    from lmforge.models.example import write_example_model
+
+    return built_once(factory, "tiny", write_example_model)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded example model (random-weight Llama + locally trained tokenizer), built once per
     run; each worker has its own copy (tests put folders of their own beside it)."""
-    from lmforge.models.example import write_example_model
-
-    built = built_once(tmp_path_factory, "tiny", write_example_model)
-    return Path(shutil.copytree(built, tmp_path_factory.mktemp("models") / "tiny"))
+    return Path(
+        shutil.copytree(_tiny_built_once(tmp_path_factory), tmp_path_factory.mktemp("models") / "tiny")
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,10 +118,9 @@ class Reference:
 @pytest.fixture(scope="session")
 def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three PEFT adapters for the tiny model: all layers r=8, attention only r=4, MLP only r=16."""
-    from lmforge.models.example import write_example_model
     from lmforge.testing.lora import make_adapter
 
-    base = built_once(tmp_path_factory, "tiny", write_example_model)  # what every tiny_model is a copy of
+    base = _tiny_built_once(tmp_path_factory)
 
     def build(root: Path) -> None:
         make_adapter(base, root / "a1", seed=1)
