@@ -211,12 +211,10 @@ def _sigterm_drains_and_exits_zero_within_30_s(run: ImageRun) -> None:
     deadline = time.monotonic() + 30
     while not streamed and time.monotonic() < deadline:
         time.sleep(0.05)
-    started = time.monotonic()
     code = run.stop(grace_s=30)
-    took = time.monotonic() - started
     client.join(30)
+    # 0: it exited on its own within the grace (the engine's stop kills at the grace: 137 then)
     assert code == 0, f"exit code {code}:\n{run.logs()}"
-    assert took < 30, f"stopping took {took:.1f} s"
     assert "draining" in run.logs()
     assert streamed and (
         streamed[-1].get("generated_text") is not None or "error" in json.dumps(streamed[-1])

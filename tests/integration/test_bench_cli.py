@@ -66,7 +66,6 @@ def test_bench_streams_and_writes_results_and_plot(
             fig = rec[key]
             assert set(fig) == {"mean", "p50", "p90", "p99"}
             assert 0 < fig["p50"] <= fig["p90"] <= fig["p99"]
-        assert rec["e2el_ms"]["p50"] >= rec["ttft_ms"]["p50"]
         assert rec["versions"]["lmforge"] and rec["machine"]["cpu_count"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 

@@ -110,9 +110,9 @@ def test_serves_an_extracted_model_tarball_and_stops_on_sigterm(
     container.wait_ready()
     out = container.generate()
     assert out["details"]["generated_tokens"] == 4
-    started = time.monotonic()
+    # 0: it drained and exited on its own (sigterm() raises if it is still running after SageMaker's
+    # 30 s; a SIGKILL would read -9)
     assert container.sigterm() == 0
-    assert time.monotonic() - started < 30
 
 
 @pytest.fixture(scope="module")

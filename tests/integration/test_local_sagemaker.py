@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,25 @@ def endpoint(local: dict[str, str], tiny_model: Path, tmp_path_factory: pytest.T
     return name
 
 
-def _stream(smr: Any, name: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[float]]:
+def _stream(smr: Any, name: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """The objects of a streamed answer, and how many ``PayloadPart`` events carried them."""
     from lmforge.client import iter_stream_objects
 
-    start = time.monotonic()
     resp = smr.invoke_endpoint_with_response_stream(
         EndpointName=name, Body=json.dumps(body), ContentType="application/json"
     )
     assert resp["ContentType"] == "application/jsonlines"
     assert resp["InvokedProductionVariant"] == "AllTraffic"
-    objs, times = [], []
-    for obj in iter_stream_objects(resp["Body"]):
-        objs.append(obj)
-        times.append(time.monotonic() - start)
-    return objs, times
+    parts = 0
+
+    def counted(events: Any) -> Iterator[Any]:
+        nonlocal parts
+        for event in events:
+            parts += "PayloadPart" in event
+            yield event
+
+    objs = list(iter_stream_objects(counted(resp["Body"])))
+    return objs, parts
 
 
 def test_deploy_then_stream_equals_non_streamed(endpoint: str, clients: dict[str, Any]) -> None:
@@ -66,14 +72,16 @@ def test_deploy_then_stream_equals_non_streamed(endpoint: str, clients: dict[str
     assert 60 <= variant["ContainerStartupHealthCheckTimeoutInSeconds"] <= 3600
 
     params = {"max_new_tokens": 40, "details": True}
-    objs, times = _stream(smr, endpoint, {"inputs": PROMPT, "parameters": params, "stream": True})
+    objs, parts = _stream(smr, endpoint, {"inputs": PROMPT, "parameters": params, "stream": True})
     assert len(objs) == 40 and all("token" in o for o in objs)
     final = objs[-1]
     assert final["details"]["finish_reason"] == "length"
     assert final["details"]["generated_tokens"] == 40
     streamed = "".join(o["token"]["text"] for o in objs)
     assert streamed == final["generated_text"]
-    assert times[0] < times[-1]  # events arrive as they are produced, not all at the end
+    # relayed as produced, not held to the end: the container writes each token as an HTTP chunk of
+    # its own (test_http_contract's), and the runtime frames each chunk it reads as a PayloadPart
+    assert parts >= len(objs), (parts, len(objs))
 
     resp = smr.invoke_endpoint(
         EndpointName=endpoint,
@@ -151,12 +159,23 @@ def test_the_official_openai_client_on_sagemakers_openai_path(endpoint: str, loc
     from lmforge.aws.bearer import bearer_token
 
     brief = bearer_token(REGION, credentials=Credentials("testing", "testing"), expires_s=1)
-    time.sleep(1.1)
-    for token, words in (("not-a-token", "sagemaker-api-key-"), (brief, "expired")):
-        with pytest.raises(openai.AuthenticationError, match=words):
-            _openai_client(local, f"/endpoints/{endpoint}", token=token).chat.completions.create(
+    with pytest.raises(openai.AuthenticationError, match="sagemaker-api-key-"):
+        _openai_client(local, f"/endpoints/{endpoint}", token="not-a-token").chat.completions.create(
+            model="", messages=messages, max_tokens=2
+        )
+    deadline = time.monotonic() + 60  # a hang guard: the token lasts a second
+    refused: openai.AuthenticationError | None = None
+    while refused is None:  # accepted until it expires, then refused as expired
+        try:
+            _openai_client(local, f"/endpoints/{endpoint}", token=brief).chat.completions.create(
                 model="", messages=messages, max_tokens=2
             )
+        except openai.AuthenticationError as exc:
+            refused = exc
+            continue
+        assert time.monotonic() < deadline, "a one-second token is still accepted"
+        time.sleep(0.2)
+    assert "expired" in refused.message, refused.message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="", prompt=PROMPT, max_tokens=2)  # only chat is forwarded
     with pytest.raises(openai.BadRequestError) as missing:
@@ -177,10 +196,12 @@ def test_the_official_openai_client_on_sagemakers_openai_path(endpoint: str, loc
     assert f"[{whole.usage.completion_tokens} tokens]" in proc.stderr
 
 
-def test_first_event_arrives_before_the_stream_ends(endpoint: str, clients: dict[str, Any]) -> None:
-    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 300}, "stream": True}
-    _, times = _stream(clients["sagemaker-runtime"], endpoint, body)
-    assert times[-1] - times[0] > 0.05, times[:3]
+def test_a_long_stream_comes_a_payload_part_a_token(endpoint: str, clients: dict[str, Any]) -> None:
+    """300 tokens in 300 or more events: the runtime passes on each chunk as the container flushes it
+    (an answer buffered to its end would come as one event); judged by framing, not by arrival times."""
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 300, "ignore_eos_token": True}, "stream": True}
+    objs, parts = _stream(clients["sagemaker-runtime"], endpoint, body)
+    assert len(objs) == 300 and parts >= 300, (len(objs), parts)
 
 
 def test_wire_errors_have_sagemakers_shapes(endpoint: str, clients: dict[str, Any]) -> None:
@@ -707,9 +728,11 @@ def test_local_lifecycle_edges(tmp_path: Path, tiny_model: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        started = time.monotonic()
-        out = lmforge("local", "up", "--state-dir", str(state), "--port", str(port), env=base, check=False)
-        assert out.returncode == 1 and "in use" in out.stderr and time.monotonic() - started < 20
+        # fails at once rather than retrying: the helper's timeout is the hang guard
+        out = lmforge(
+            "local", "up", "--state-dir", str(state), "--port", str(port), env=base, check=False, timeout=60
+        )
+        assert out.returncode == 1 and "in use" in out.stderr, out.stderr
 
     procs = [
         subprocess.Popen(

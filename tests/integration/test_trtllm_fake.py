@@ -357,8 +357,13 @@ def test_lora_engine_loads_with_lora_config_and_round_trips(
             seen = {(r.lora_name, r.lora_int_id, r.lora_path, r.lora_ckpt_source) for r in llm.lora_requests}
             assert seen == {("a1", a1.int_id, str(a1.path), "hf"), ("a2", a2.int_id, str(a2.path), "hf")}
             # remove while a request with it runs: it finishes with a1; later ones are refused
+            submitted = len(llm.lora_requests)
             running = asyncio.create_task(tokens("long", "def ", a1, n=200))
-            await asyncio.sleep(0.01)
+            for _ in range(1000):  # loop turns until the engine has the request (it runs with a1)
+                if len(llm.lora_requests) > submitted:
+                    break
+                await asyncio.sleep(0)
+            assert len(llm.lora_requests) > submitted and not running.done()
             await registry.remove("a1")
             assert running.done() and len(running.result()) == 200
             with pytest.raises(NotFoundError, match="'a1'"):

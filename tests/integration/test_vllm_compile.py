@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -48,13 +47,6 @@ MANIFEST = Path("lmforge-compiled/vllm/manifest.json")
 LOADED = "Directly load AOT compilation from path"
 SAVED = "saved AOT compiled function to"
 RELOAD_FAILED = "Compiling model again due to a load failure"
-_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-
-
-def _init_seconds(log: str) -> float:
-    match = _INIT.search(log)
-    assert match is not None, log[-3000:]
-    return float(match.group(1))
 
 
 def _set_writable(folder: Path, writable: bool) -> None:
@@ -134,11 +126,10 @@ def test_a_hit_from_a_read_only_folder_and_empty_caches_compiles_nothing_and_ans
     assert LOADED in log and SAVED not in log and RELOAD_FAILED not in log, log[-4000:]
     assert "vLLM loaded the compiled graph: nothing was compiled at this start" in log
     assert sum("compile cache: " in line for line in log.splitlines()) == 1  # the one decision line
-    # the compiling start's warm-up included the compile; this one loads it
-    assert _init_seconds(log) < _init_seconds(compile_log) / 3, (
-        _init_seconds(log),
-        _init_seconds(compile_log),
-    )
+    # Nothing compiled is judged by what vLLM and lmforge say and count, not by how long the start took
+    # (a busy machine makes a loading start as slow as a compiling one): the compiling start saved its
+    # AOT function, this one loaded it, saved nothing and recompiled nothing.
+    assert SAVED in compile_log and LOADED not in compile_log
     assert [t["id"] for t in reply["details"]["tokens"]] == probe["greedy_ids"]
     assert (
         gauges["lmforge_engine_compile_cache_hit"] == 1

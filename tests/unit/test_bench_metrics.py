@@ -230,6 +230,7 @@ def test_http_client_reuses_and_recovers_keepalive_connections() -> None:
 
     async def scenario() -> list[tuple[int, bytes]]:
         served = []
+        closed = asyncio.Event()  # the server has closed the first connection, idle after two answers
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             served.append(1)
@@ -253,15 +254,18 @@ def test_http_client_reuses_and_recovers_keepalive_connections() -> None:
                 writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 4\r\n\r\nnope")
                 await writer.drain()
             writer.close()
+            await writer.wait_closed()
+            closed.set()
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         client = HttpClient(f"http://127.0.0.1:{port}")
         out = []
-        for _ in range(3):
+        for i in range(3):
             async with client.post("/x", b"{}", {}) as resp:
                 out.append((resp.status, b"|".join([c async for c in resp.chunks()])))
-            await asyncio.sleep(0.05)
+            if i == 1:  # the third request finds its kept-alive connection closed by the server
+                await asyncio.wait_for(closed.wait(), 30)
         await client.aclose()
         server.close()
         await server.wait_closed()

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -873,9 +874,12 @@ def test_stateful_sessions_open_serve_close_and_expire(tiny_model: Path) -> None
         # a short-lived session expires
         srv.state.sessions.expiration_s = 1  # type: ignore[union-attr]
         brief = (await srv.client.post("/invocations", json={"requestType": "NEW_SESSION"})).headers
-        await asyncio.sleep(1.1)
         late = {"X-Amzn-SageMaker-Session-Id": brief["x-amzn-sagemaker-session-id"].split(";")[0]}
-        assert (await srv.client.post("/invocations", json=body, headers=late)).status_code == 400
+        deadline = time.monotonic() + 30  # a hang guard: the session lasts a second
+        while (expired := await srv.client.post("/invocations", json=body, headers=late)).status_code == 200:
+            assert time.monotonic() < deadline, "a one-second session is still open"
+            await asyncio.sleep(0.1)
+        assert expired.status_code == 400 and "NEW_SESSION" in expired.json()["message"], expired.text
 
     run(tiny_model, scenario, "option.enable_stateful_sessions=true\n")
 

@@ -299,7 +299,7 @@ def test_concurrent_prompts_of_many_lengths_match_generate(
 
     async def run_all() -> list[list[int]]:
         async def one(i: int, p: str) -> list[int]:
-            await asyncio.sleep(0.01 * i)  # arrivals spread over the first steps
+            await asyncio.sleep(0.01 * i)  # sleep-ok: arrivals spread over the first steps
             events = await collect(
                 engine, f"pr{i}", SamplingParams(max_new_tokens=12, ignore_eos=True), prompt=p
             )

@@ -284,7 +284,8 @@ def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> No
     async def scenario() -> None:
         await runtime.acquire(first)
         waiter = asyncio.ensure_future(runtime.acquire(second))
-        await asyncio.sleep(0.05)
+        for _ in range(5):  # loop turns, not time: the waiter runs up to its wait on the slot
+            await asyncio.sleep(0)
         assert not waiter.done()  # the only slot is busy
         runtime.release(first)
         await asyncio.wait_for(waiter, 5)  # first evicted, second installed
@@ -292,7 +293,10 @@ def test_slots_wait_evict_and_removed_adapters_are_refused(tmp_path: Path) -> No
         await runtime.remove(second)  # still in use: its weights stay until released
         assert 2 in model.proj._lmforge_lora  # type: ignore[operator]
         runtime.release(second)
-        await asyncio.sleep(0.01)  # the uninstall runs as a task
+        for _ in range(100):  # the uninstall runs as a task: loop turns until it has
+            if 2 not in model.proj._lmforge_lora:  # type: ignore[operator]
+                break
+            await asyncio.sleep(0)
         assert 2 not in model.proj._lmforge_lora  # type: ignore[operator]
         with pytest.raises(NotFoundError):
             await runtime.acquire(second)

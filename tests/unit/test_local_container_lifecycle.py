@@ -20,7 +20,8 @@ from lmforge.local.containers import Container
 class SleepContainer(Container):
     """A host process that only sleeps: what matters here is whether it runs."""
 
-    launch_delay_s: float = 0.0
+    hold_launch: bool = False
+    """The launch of a restart waits until a stop has begun: the race under test, made to happen."""
     launching: threading.Event | None = None
 
     def command(self) -> list[str]:
@@ -29,7 +30,9 @@ class SleepContainer(Container):
     def _launch(self) -> None:
         if self.launching is not None:
             self.launching.set()
-        time.sleep(self.launch_delay_s)  # the engine's slow ``rm`` and ``run`` of a restart
+        deadline = time.monotonic() + 30  # a hang guard
+        while self.hold_launch and not self.stopping and time.monotonic() < deadline:
+            time.sleep(0.01)  # the engine's slow ``rm`` and ``run`` of a restart, until the stop comes
         super()._launch()
 
 
@@ -49,12 +52,13 @@ def test_a_stopped_instance_is_not_started_again(tmp_path: Path) -> None:
 
 def test_a_stop_during_a_restart_stops_what_the_restart_started(tmp_path: Path) -> None:
     launching = threading.Event()
-    container = _container(tmp_path, launch_delay_s=0.5, launching=launching)
+    container = _container(tmp_path, hold_launch=True, launching=launching)
     restart = threading.Thread(target=container.start)
     restart.start()
     assert launching.wait(10)
     container.stop(5)  # waits for the restart under way, then stops its process
     restart.join(10)
+    assert not restart.is_alive()
     assert container.process is not None, "the restart under way finished"
     assert not container.alive, "and what it started was stopped"
 

@@ -289,12 +289,16 @@ def test_push_describe_get_delete(client: Any, registry: LocalRegistry, pusher: 
     assert repo["repositoryUri"] == f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/myrepo"
 
     # what a client does with real ECR: token -> login to proxyEndpoint -> push to its host
+    asked = datetime.now(UTC)
     data = _login(client, pusher.authfile)
+    answered = datetime.now(UTC)
     assert data["proxyEndpoint"] == registry.url
     user, _, password = base64.b64decode(data["authorizationToken"]).decode().partition(":")
     assert user == "AWS"
     assert len(password) >= 32
-    assert data["expiresAt"] - datetime.now(UTC) > timedelta(hours=11, minutes=59)
+    # 12 hours from when it was asked for (the wire carries whole seconds: one either side)
+    lifetime, second = timedelta(hours=12), timedelta(seconds=1)
+    assert asked + lifetime - second <= data["expiresAt"] <= answered + lifetime + second
     host = data["proxyEndpoint"].removeprefix("http://")
     assert host in json.loads(pusher.authfile.read_text())["auths"]
     second = client.get_authorization_token()["authorizationData"][0]["authorizationToken"]

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -91,11 +90,10 @@ def test_a_lock_whose_recorded_holder_is_dead_is_broken(tmp_path: Path) -> None:
     stray = _holder(lock_path(out), gone.pid)
     try:
         lines: list[str] = []
-        started = time.monotonic()
+        # taken, not waited out: a lock still held at timeout_s raises LockTimeoutError
         with build_lock(out, timeout_s=20, progress=lines.append, poll_s=0.05):
             record = json.loads(lock_path(out).read_text())
             assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
-        assert time.monotonic() - started < 10
         assert any("breaking the stale build lock" in line and str(gone.pid) in line for line in lines)
     finally:
         stray.kill()
