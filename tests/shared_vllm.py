@@ -25,10 +25,12 @@ needs_vllm = pytest.mark.skipif(
     reason="the vLLM backend needs the vllm extra (make install puts it in .venv)",
 )
 
-#: The shared vLLM server's settings past VLLM_PROPERTIES: tool_choice "auto" read by vLLM's own
+#: The shared vLLM server's settings past VLLM_PROPERTIES (a later key wins): a batch of 64, which a
+#: crowd of 64 streams fits (test_vllm.py's interleaving check), tool_choice "auto" read by vLLM's own
 #: pythonic tool parser (a name lmforge does not read itself), and LoRA with two slots for three
 #: adapters (a1 and a2 from the folder's adapters/, a3 from an allowed root).
 VLLM_SHARED_PROPERTIES = """\
+option.max_rolling_batch_size=64
 option.enable_auto_tool_choice=true
 option.tool_call_parser=pythonic
 option.kv_cache_memory_mb=128

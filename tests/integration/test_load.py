@@ -34,6 +34,7 @@ from lmforge.handlers.requests import LmiParameters, LmiRequest
 from lmforge.testing.server import RemoteServer, http_client, metrics
 from tests.conftest import Reference
 from tests.integration.test_lifecycle import with_properties
+from tests.interleaving import crowd, findings
 
 if TYPE_CHECKING:
     import aiohttp
@@ -268,6 +269,16 @@ async def _disconnecting_client(port: int, rng: random.Random, prompt: str) -> s
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
     return point
+
+
+def test_64_streams_at_once_are_served_together(load_server: RemoteServer) -> None:
+    """LMI-Dist: 64 streams of 64 tokens sent at once (the batch holds 128) get their tokens
+    interleaved, judged by the order the client read them in (tests/interleaving.py): no stream begins
+    after another has ended, and none is starved while the others run. Twice, the second time on a
+    server that has just served a crowd, as a long-lived endpoint has."""
+    for _ in range(2):
+        found = findings(crowd(load_server.url, streams=64, tokens=64))
+        assert not found, found
 
 
 def test_clients_disconnecting_at_random_points_leave_no_engine_work(load_server: RemoteServer) -> None:

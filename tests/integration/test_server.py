@@ -18,6 +18,7 @@ import pytest
 
 from lmforge.testing.server import RemoteServer, http_client, metrics, stream_lines
 from tests.conftest import Reference
+from tests.interleaving import crowd, findings
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +111,15 @@ def test_stream_tokens_arrive_one_by_one(server: RemoteServer, reference: Refere
     assert last["generated_text"] == "".join(p["token"]["text"] for p in parsed)
     ids, _ = reference.greedy("def ", 200, eos=False)
     assert [p["token"]["id"] for p in parsed] == ids
+
+
+def test_a_crowd_larger_than_the_batch_is_found_queued(server: RemoteServer) -> None:
+    """The interleaving check of tests/interleaving.py on a serialisation that is real: 64 streams to
+    a server whose batch holds 32 (the tiny model's serving.properties). The second half waits for
+    slots, so streams begin after others have ended; the check says so (on the 64-slot servers of
+    test_load.py and test_vllm.py it must find nothing)."""
+    found = findings(crowd(server.url, streams=64, tokens=16))
+    assert any("began after" in f for f in found), found
 
 
 def test_stream_matches_non_stream(server: RemoteServer) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, http_client, metrics, stream_lines
+from tests.interleaving import crowd, findings
 from tests.shared_vllm import OFFLINE_MAX_TOKENS, OFFLINE_PROMPTS, SharedVllm, needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
@@ -187,6 +188,16 @@ def test_32_concurrent_streams_complete(served: tuple[RemoteServer, list[dict[st
         t.join(300)
     assert not errors, errors[0]
     assert results == [reference[i % 4]["text"] for i in range(32)]  # batched greedy == alone
+
+
+def test_64_streams_at_once_are_served_together(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
+    """vLLM: 64 streams of 64 tokens sent at once (the shared server's batch holds 64) get their
+    tokens interleaved, judged by the order the client read them in (tests/interleaving.py). Twice,
+    the second time on a server that has just served a crowd, as a long-lived endpoint has."""
+    server, _ = served
+    for _ in range(2):
+        found = findings(crowd(server.url, streams=64, tokens=64))
+        assert not found, found
 
 
 def test_vllms_worker_sleeps_between_requests(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
