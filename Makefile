@@ -104,7 +104,8 @@ bench: install
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai-chat && \
 		OMP_NUM_THREADS=1 $(BIN)/python bench/vllm_bench_parity.py && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py; \
+		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py && \
+		OMP_NUM_THREADS=1 $(BIN)/python bench/soak.py; \
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
 	$(BIN)/python bench/report.py
 

@@ -49,6 +49,7 @@ EXTERNAL = (
         "the same by `vllm bench serve`, `/v1/completions`, lowest",
     ),
     ("engines", "engines", 0.8, "LMI-Dist / vLLM output tok/s at concurrency 32"),
+    ("soak", "soak", 0.95, "last / first output tok/s of identical concurrency-64 runs, worst server"),
     (
         "lm_eval_parity",
         "lm-eval-smollm2-135m",
@@ -516,8 +517,21 @@ LABELS = {
 }
 
 
-def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]]:
-    """(scenario, figure, target, ratio vs target: >= 1 is met) for every scenario with a target."""
+def cpu_of(r: Result | None) -> str:
+    """The CPU a result was taken on, short: its model and widest vector extension."""
+    m = (r or {}).get("machine") or {}
+    if "cpu" not in m:
+        return "not recorded"
+    parts = [str(m["cpu"])] + ([f"{m['cpu_count']} cores"] if m.get("cpu_count") else [])
+    flags = m.get("cpu_flags")
+    if flags is not None:
+        widest = ("amx_tile", "avx512_bf16", "avx512f", "avx2")
+        parts.append(next((f for f in widest if f in flags), "no AVX2"))
+    return ", ".join(parts)
+
+
+def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float, str]]:
+    """(scenario, figure, target, ratio vs target: >= 1 is met, CPU) for every scenario with a target."""
     out = []
     sc = results.get("streaming-ceiling")
     if sc:
@@ -527,6 +541,7 @@ def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]
                 f"{sc['worst_us_per_token']:.1f} us/token (worst variant)",
                 f"<= {sc['target_us_per_token']:.0f} us",
                 sc["target_us_per_token"] / sc["worst_us_per_token"],
+                cpu_of(sc),
             )
         )
     for name, label in (("batching", ""), ("batching-smollm2-135m", ", SmolLM2-135M")):
@@ -538,6 +553,7 @@ def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]
                     f"{b['ratio']:.2f}x",
                     f">= {b['target']:.0f}x",
                     b["ratio"] / b["target"],
+                    cpu_of(b),
                 )
             )
     for module, name, target, what in EXTERNAL:
@@ -550,6 +566,7 @@ def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float]
                     f"{r['ratio']:.2f}x",
                     f">= {tgt}x",
                     r["ratio"] / tgt,
+                    cpu_of(r),
                 )
             )
     return out
@@ -691,10 +708,10 @@ server, so every figure includes its CPU cost, and other jobs on the machine mov
     ]
     rows = summary_rows(results)
     if rows:
-        table = "\n".join(f"| {a} | {b} | {c} | {d:.2f} | {verdict(d)} |" for a, b, c, d in rows)
+        table = "\n".join(f"| {a} | {b} | {c} | {d:.2f} | {verdict(d)} | {e} |" for a, b, c, d, e in rows)
         parts.append(
-            "## Summary\n\n| scenario | figure | target | ratio vs target | |\n"
-            "| --- | --- | --- | --- | --- |\n" + table + "\n"
+            "## Summary\n\n| scenario | figure | target | ratio vs target | | taken on |\n"
+            "| --- | --- | --- | --- | --- | --- |\n" + table + "\n"
         )
     real = real_weights_section(results)
     if real:
@@ -739,6 +756,7 @@ make bench                                   # every CPU scenario, then this rep
 .venv/bin/python bench/frontend_overhead.py  # needs vLLM (make install puts it in .venv)
 .venv/bin/python bench/vllm_bench_parity.py  # the same judged by vLLM's own `vllm bench serve`, both routes
 .venv/bin/python bench/engines.py            # needs vLLM
+.venv/bin/python bench/soak.py               # the same c=64 load 5 times on long-lived servers: last vs first
 .venv/bin/python bench/sessions.py           # sticky sessions: turn-2 TTFT warm vs cold (135 M model)
 .venv/bin/python bench/routing.py            # 2 instances on the local SageMaker: RANDOM vs least outstanding
 .venv/bin/python bench/lm_eval_parity.py     # lm-eval through lmforge (LMI-Dist, vLLM) vs lm-eval's hf model

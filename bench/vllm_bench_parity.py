@@ -11,7 +11,10 @@ comparison is the one a vLLM user would run. Per route, ``--backend openai-chat 
 loaded alternately (lmforge, vLLM, vLLM, lmforge, ...: the order flips from one run to the next, so
 background load on the shared machine hits both alike); a run pair whose throughput is more than
 ``--outlier`` off the median of its cell is measured again at the end. The rounds are split over
-``--sessions`` pairs of server processes, started fresh and in the other order each time: two
+``--sessions`` pairs of server processes, started fresh and in the other order each time, and each
+pair serves every cell once, unmeasured, before its measured rounds (so every figure comes from
+servers that have already served the others, as a user's long-lived endpoint has; ``--fresh`` skips
+that pass): two
 processes of the same code can differ by a few percent at concurrency 1 for as long as they live
 (measured here: two lmforge servers of one tree, 3 % apart, the gap following the process, not the
 code). Figures are medians over the rounds. Writes
@@ -88,6 +91,9 @@ def bench_args(
         *("--random-output-len", str(OUTPUT_LEN), "--num-prompts", str(prompts)),
         *("--max-concurrency", str(concurrency), "--num-warmups", str(concurrency)),
         *("--temperature", "0", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el"),
+        # keeps the per-request lists (TTFT, latency, output lengths, errors) in the result, in memory:
+        # the TPOT spread is worked out from them
+        "--save-detailed",
         "--disable-tqdm",
     ]
 
@@ -198,9 +204,11 @@ def one_run(bench: VllmBench, args: list[str], pid: int, requests: int) -> dict[
         "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
         "request_throughput", "output_throughput", "total_token_throughput",
         "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-        "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
+        "std_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "std_itl_ms",
+        "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms",
     )  # fmt: skip
     rec = {k: result[k] for k in keep if k in result}
+    rec["tpot_spread"] = tpot_spread(result)
     if not rec.get("completed") or rec.get("failed"):
         rec["errors"] = [e for e in result.get("errors", []) if e][:3]
         rec["output_tail"] = printed[-2000:]
@@ -213,6 +221,40 @@ def one_run(bench: VllmBench, args: list[str], pid: int, requests: int) -> dict[
     }
     rec["wall_s"] = round(wall, 2)
     return rec
+
+
+#: a request whose TPOT is over this many times the run's median is a slow stream
+SLOW_STREAM = 2.0
+#: a run with more than this share of slow streams has a bimodal TPOT: some streams are starved
+BIMODAL_SHARE = 0.05
+
+
+def tpot_spread(result: dict[str, Any]) -> dict[str, Any]:
+    """Each request's time per output token (after its first), from ``vllm bench serve``'s per-request
+    lists: mean, std, p50, p99 (ms), and the share of requests slower than :data:`SLOW_STREAM` times the
+    median, the sign of streams starved while others run."""
+    tpots = sorted(
+        1e3 * (latency - ttft) / (n - 1)
+        for latency, ttft, n in zip(
+            result.get("latencies", []), result.get("ttfts", []), result.get("output_lens", []), strict=False
+        )
+        if n > 1 and latency and ttft
+    )
+    if not tpots:
+        return {}
+    p50 = statistics.median(tpots)
+    return {
+        "mean_ms": round(statistics.fmean(tpots), 3),
+        "std_ms": round(statistics.pstdev(tpots), 3),
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(tpots[min(len(tpots) - 1, int(0.99 * len(tpots)))], 3),
+        "slow_share": round(sum(t > SLOW_STREAM * p50 for t in tpots) / len(tpots), 4),
+    }
+
+
+def bimodal(spread: dict[str, Any]) -> bool:
+    """Whether a run's TPOT is bimodal: more than :data:`BIMODAL_SHARE` of its streams are slow."""
+    return spread.get("slow_share", 0.0) > BIMODAL_SHARE
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -230,6 +272,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]], concurrency: int, prompts: 
             "itl_ms_median": _median(recs, "median_itl_ms"),
             "itl_ms_mean": _median(recs, "mean_itl_ms"),
             "tpot_ms_median": _median(recs, "median_tpot_ms"),
+            "tpot_ms_mean": _median(recs, "mean_tpot_ms"),
+            "tpot_ms_std": statistics.median(r.get("tpot_spread", {}).get("std_ms", 0.0) for r in recs),
+            "tpot_ms_p99": _median(recs, "p99_tpot_ms"),
+            "bimodal_tpot_runs": sum(bimodal(r.get("tpot_spread", {})) for r in recs),
             "e2el_ms_median": _median(recs, "median_e2el_ms"),
             "failed": sum(r.get("failed", 0) for r in recs),
             "frontend_cpu_ms_per_request": statistics.median(
@@ -279,6 +325,9 @@ def main() -> None:
         "--sessions", type=int, default=2, help="server pairs, started fresh in alternating order"
     )
     parser.add_argument("--label", default=None, help="what this run measures (e.g. the commit)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="no unmeasured pass first: the first runs meet fresh servers"
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     routes = [r for r in args.routes.split(",") if r]
@@ -316,8 +365,13 @@ def main() -> None:
                     flush=True,
                 )
 
+                cells = [(c, route) for c in levels for route in routes]
+                if not args.fresh:
+                    # every measured run on servers that have served every cell (a long-lived endpoint)
+                    for c, route in cells:
+                        run_pair(bench, targets, route, c, False, model, args.model, commands, session)
+                    print(f"servers warmed after {time.monotonic() - started:.0f} s", flush=True)
                 for r in range(first, first + count):
-                    cells = [(c, route) for c in levels for route in routes]
                     for k, (c, route) in enumerate(cells):
                         # each cell flips its order every round, and the runs go lmforge, vLLM, vLLM, ...
                         flip = (r + k) % 2 == 1
@@ -360,6 +414,7 @@ def main() -> None:
             "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/vllm_bench_parity.py"
             + (f" --model {args.model}" if args.model != TINY else ""),
             "label": args.label or _git_describe(),
+            "commit": _git_describe(),
             "ratio": min(row["ratio"] for row in rows),
             "targets": TARGETS,
             "rows": rows,
@@ -380,6 +435,7 @@ def main() -> None:
                 "rounds_measured_again": {str(c): v for c, v in redone[route].items()},
                 "max_num_seqs": MAX_SEQS,
                 "lmforge_src": str(args.lmforge_src) if args.lmforge_src else "this tree",
+                "warmed": not args.fresh,
             },
             "versions": versions(),
             "machine": machine(),
@@ -406,6 +462,22 @@ def main() -> None:
         print(f"wrote {out}")
 
 
+def _tpot(row: dict[str, Any]) -> str:
+    if "tpot_ms_mean" not in row:
+        return "-"
+    return f"{row['tpot_ms_mean']:.1f} / {row['tpot_ms_std']:.1f} / {row['tpot_ms_p99']:.1f}"
+
+
+def _machine_line(machine: dict[str, Any]) -> str:
+    """``AMD EPYC, 2 cores (avx, avx2)``: the CPU a figure was taken on and its vector extensions."""
+    flags = machine.get("cpu_flags")
+    if flags is None:
+        vector = "its flags not recorded"
+    else:
+        vector = ", ".join(f for f in flags if f.startswith(("avx", "amx"))) or "no AVX"
+    return f"{machine.get('cpu', 'an unrecorded CPU')}, {machine.get('cpu_count', '?')} cores ({vector})"
+
+
 def _git_describe() -> str:
     try:
         head = subprocess.run(
@@ -430,10 +502,11 @@ def report(result: dict[str, Any]) -> str:
     head = (
         "| concurrency | lmforge tok/s | vLLM server tok/s | ratio (rounds) | TTFT p50 lmforge / vLLM (ms) "
         "| ITL mean lmforge / vLLM (ms) | e2el p50 lmforge / vLLM (ms) "
+        "| TPOT mean / std / p99 lmforge (ms) | TPOT mean / std / p99 vLLM (ms) "
         "| frontend CPU per request lmforge / vLLM (ms) |"
         + (" before: ratio, lmforge CPU |" if before else "")
         + "\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if before else "") + "\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if before else "") + "\n"
     )
     lines = []
     for r in rows:
@@ -445,6 +518,7 @@ def report(result: dict[str, Any]) -> str:
             f"| {ours['ttft_ms_median']:.2f} / {theirs['ttft_ms_median']:.2f} "
             f"| {ours['itl_ms_mean']:.3f} / {theirs['itl_ms_mean']:.3f} "
             f"| {ours['e2el_ms_median']:.1f} / {theirs['e2el_ms_median']:.1f} "
+            f"| {_tpot(ours)} | {_tpot(theirs)} "
             f"| {ours['frontend_cpu_ms_per_request']:.1f} / {theirs['frontend_cpu_ms_per_request']:.1f} |"
         )
         if before:
@@ -456,6 +530,14 @@ def report(result: dict[str, Any]) -> str:
     verdict = [
         f"lowest ratio {low:.2f}x (target >= {TARGETS['ratio_min']}x): {'met' if low >= 0.98 else 'MISSED'}"
     ]
+    for r in rows:
+        for label in SERVERS:
+            if r[label].get("bimodal_tpot_runs"):
+                verdict.append(
+                    f"FINDING: {label} at {r['concurrency']} had a bimodal TPOT in "
+                    f"{r[label]['bimodal_tpot_runs']} of its runs (over {BIMODAL_SHARE:.0%} of streams at "
+                    f"more than {SLOW_STREAM:g}x the median TPOT: some streams starved)"
+                )
     at64 = next((r for r in rows if r["concurrency"] == 64), None)
     if at64 is not None:
         ok = "met" if at64["ratio"] >= TARGETS["ratio_at_64"] else "MISSED"
@@ -490,8 +572,8 @@ does on its random dataset), `--temperature 0`; warm-ups = concurrency. The two 
 after the other, lmforge, vLLM, vLLM, lmforge, ... ({s["rounds"]} rounds over {s.get("sessions", 1)} pairs of
 server processes started fresh, in the other order each time); figures are medians over the rounds;
 ratio = lmforge / vLLM output tokens/s (each round's own ratio in brackets).{redo}
-Labelled `{result.get("label")}`. Result: `bench/results/{result["name"]}.json`. The runs (`$URL`: either
-server):
+Labelled `{result.get("label")}`, taken on {_machine_line(result.get("machine", {}))}. Result:
+`bench/results/{result["name"]}.json`. The runs (`$URL`: either server):
 
 ```
 {commands}

@@ -400,3 +400,64 @@ def test_report_summary_takes_external_ratios() -> None:
     assert rows[1][3] == pytest.approx(0.9) and report.verdict(rows[1][3]) == "**missed**"
     page = report.render(results, {"engines": "## Engines: LMI-Dist vs vLLM\n"})
     assert "## Engines: LMI-Dist vs vLLM" in page
+
+
+def test_report_summary_says_which_cpu_each_figure_was_taken_on() -> None:
+    epyc = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx", "avx2", "avx512f", "avx512_bf16"]}
+    avx2 = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx", "avx2", "fma"]}
+    results = {
+        "engines": {"ratio": 1.0, "target": 0.8, "machine": epyc},
+        "frontend-overhead-vllm": {"ratio": 1.02},
+        "soak": {"ratio": 0.99, "target": 0.95, "machine": avx2},
+    }
+    rows = {row[0].split(" (")[0]: row[4] for row in report.summary_rows(results)}
+    assert rows == {
+        "Frontend overhead": "not recorded",
+        "Engines": "AMD EPYC, 2 cores, avx512_bf16",
+        "Soak": "AMD EPYC, 2 cores, avx2",
+    }
+    assert "| taken on |" in report.render(results, {})
+
+
+def test_a_bimodal_tpot_is_a_finding() -> None:
+    """vllm bench serve's per-request lists -> each request's TPOT; a run where some streams go at a
+    fraction of the others' pace is bimodal (issue 60: mean 40.5 ms, std 33.7, p99 100 against a
+    median ITL of 19.6), one whose streams go alike is not."""
+    parity = sys.modules.get("bench.vllm_bench_parity") or bench_module("vllm_bench_parity")
+    even = {"latencies": [1.28 + 0.01 * i for i in range(64)], "ttfts": [0.02] * 64, "output_lens": [64] * 64}
+    starved = {**even, "latencies": [1.3] * 54 + [6.4] * 10}
+    assert not parity.bimodal(parity.tpot_spread(even))
+    spread = parity.tpot_spread(starved)
+    assert parity.bimodal(spread) and spread["slow_share"] == pytest.approx(10 / 64, abs=1e-4)
+    assert spread["p50_ms"] == pytest.approx(1e3 * 1.28 / 63, rel=1e-3)
+    assert parity.tpot_spread({}) == {} and not parity.bimodal({})
+
+
+def test_the_soak_compares_the_last_run_with_the_first() -> None:
+    soak = sys.modules.get("bench.soak") or bench_module("soak")
+    runs = [
+        {"output_throughput": t, "p99_tpot_ms": 20.0, "rss_mib": 500.0 + i, "tpot_spread": {"std_ms": 1.0}}
+        for i, t in enumerate((3000.0, 2900.0, 2800.0, 2700.0, 2600.0))
+    ]
+    row = soak.summarize(runs)
+    assert row["last_over_first"] == pytest.approx(2600 / 3000, abs=1e-3)
+    assert row["bimodal_runs"] == [] and row["rss_mib_runs"][-1] == 504.0
+    result = {
+        "name": "soak",
+        "commit": "abc1234",
+        "goal_last_over_first": soak.GOAL,
+        "rows": {"lmforge-vllm": row},
+        "settings": {
+            "runs": 5,
+            "concurrency": 64,
+            "prompts": 384,
+            "model_key": "tiny",
+            "vllm_serve_args": ["--x"],
+            "bimodal_share": 0.05,
+            "slow_stream": 2.0,
+        },
+        "machine": {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx2"]},
+    }
+    page = soak.report(result)
+    assert "| lmforge-vllm | 3000, 2900, 2800, 2700, 2600 | **0.87** (MISSED) |" in page
+    assert "`abc1234`, taken on AMD EPYC, 2 cores (avx2)" in page

@@ -63,9 +63,14 @@ def _memory_gib() -> float | None:
 
 
 def machine() -> dict[str, Any]:
+    """The machine a figure was taken on: its CPU (model, the instruction sets the kernels choose by,
+    cores), memory and name."""
+    from lmforge.engines.vllm.compile_manifest import cpu_flags
+
     return {
         "platform": platform.platform(),
         "cpu": _cpu_model(),
+        "cpu_flags": list(cpu_flags()),
         "cpu_count": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "hostname": platform.node(),
