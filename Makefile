@@ -43,7 +43,7 @@ test: install sdk3
 	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
-# the inner loop (about 30 s on 2 cores): unit tests and the in-process HTTP contract; no server processes,
+# the inner loop (about 40 s on 2 cores): unit tests and the in-process HTTP contract; no server processes,
 # no vLLM engine, no load tests, no image builds
 test-fast: install
 	$(BIN)/python -m compileall -q src
