@@ -560,6 +560,7 @@ def report(result: dict[str, Any]) -> str:
     if before:
         label = result["before"].get("label") or "the earlier tree"
         before_text = f"\nBefore: the same measurement on {label} (the file's `before`).\n"
+    warmed = "; each pair served every cell once, unmeasured, before its rounds" if s.get("warmed") else ""
     # what was learnt from the measurement, kept with its result (a list of paragraphs)
     notes = "".join(f"\n{paragraph}\n" for paragraph in result.get("notes", []))
     return f"""## {heading} (`bench/vllm_bench_parity.py`)
@@ -570,7 +571,7 @@ both up at once on {model} with the same engine settings (`{" ".join(s["vllm_ser
 {s["input_len"]}-token random prompts, {s["output_len"]} output tokens (EOS ignored, as `vllm bench serve`
 does on its random dataset), `--temperature 0`; warm-ups = concurrency. The two servers are loaded one
 after the other, lmforge, vLLM, vLLM, lmforge, ... ({s["rounds"]} rounds over {s.get("sessions", 1)} pairs of
-server processes started fresh, in the other order each time); figures are medians over the rounds;
+server processes started fresh, in the other order each time{warmed}); figures are medians over the rounds;
 ratio = lmforge / vLLM output tokens/s (each round's own ratio in brackets).{redo}
 Labelled `{result.get("label")}`, taken on {_machine_line(result.get("machine", {}))}. Result:
 `bench/results/{result["name"]}.json`. The runs (`$URL`: either server):
