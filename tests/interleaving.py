@@ -7,6 +7,10 @@ finish gets its last token, every other stream well into its own (all of them ga
 A frontend that starves some streams (a consumer that drains some requests' outputs before others, a
 loop that writes one stream's backlog while the others wait) or an engine that serialises them shows
 in that order; so does a queue, which is why the crowd must fit in the server's batch.
+
+The order is the client's reading order, so the client must keep up: one that fell a whole stream
+behind would read each stream's backlog in one burst. It needs a few milliseconds of CPU a decode step
+for a crowd of 64; a false finding needs it to fall half the tokens behind (with 128 tokens, 64 steps).
 """
 
 from __future__ import annotations

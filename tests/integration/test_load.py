@@ -272,12 +272,12 @@ async def _disconnecting_client(port: int, rng: random.Random, prompt: str) -> s
 
 
 def test_64_streams_at_once_are_served_together(load_server: RemoteServer) -> None:
-    """LMI-Dist: 64 streams of 64 tokens sent at once (the batch holds 128) get their tokens
+    """LMI-Dist: 64 streams of 128 tokens sent at once (the batch holds 128) get their tokens
     interleaved, judged by the order the client read them in (tests/interleaving.py): no stream begins
     after another has ended, and none is starved while the others run. Twice, the second time on a
     server that has just served a crowd, as a long-lived endpoint has."""
     for _ in range(2):
-        found = findings(crowd(load_server.url, streams=64, tokens=64))
+        found = findings(crowd(load_server.url, streams=64, tokens=128))
         assert not found, found
 
 

@@ -191,12 +191,12 @@ def test_32_concurrent_streams_complete(served: tuple[RemoteServer, list[dict[st
 
 
 def test_64_streams_at_once_are_served_together(served: tuple[RemoteServer, list[dict[str, Any]]]) -> None:
-    """vLLM: 64 streams of 64 tokens sent at once (the shared server's batch holds 64) get their
+    """vLLM: 64 streams of 128 tokens sent at once (the shared server's batch holds 64) get their
     tokens interleaved, judged by the order the client read them in (tests/interleaving.py). Twice,
     the second time on a server that has just served a crowd, as a long-lived endpoint has."""
     server, _ = served
     for _ in range(2):
-        found = findings(crowd(server.url, streams=64, tokens=64))
+        found = findings(crowd(server.url, streams=64, tokens=128))
         assert not found, found
 
 
