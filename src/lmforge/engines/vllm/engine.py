@@ -19,7 +19,9 @@ results between the two vocabularies:
   a finished request's generator sends it an abort);
 * vLLM's Prometheus metrics are not kept (:func:`_no_prometheus`): lmforge serves its own ``/metrics``
   and nothing reads vLLM's registry in this process, whose upkeep was ~10 % of the server's CPU per
-  token; vLLM's periodic throughput log line stays;
+  token. vLLM's other stat loggers still record every step, but its periodic throughput log line is
+  not printed: vLLM's own server prints it by calling ``AsyncLLM.do_log_stats`` on a timer, which
+  lmforge does not do;
 * an unseeded sampled request gets a seed of its own, as in LMI-Dist;
 * LoRA (``option.enable_lora``): an adapter becomes a ``LoRARequest(name, int_id, path)`` loaded into
   vLLM's host-memory adapter cache when it is registered, and every request for it carries that
