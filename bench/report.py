@@ -517,17 +517,10 @@ LABELS = {
 }
 
 
-def cpu_of(r: Result | None) -> str:
-    """The CPU a result was taken on, short: its model and widest vector extension."""
-    m = (r or {}).get("machine") or {}
-    if "cpu" not in m:
-        return "not recorded"
-    parts = [str(m["cpu"])] + ([f"{m['cpu_count']} cores"] if m.get("cpu_count") else [])
-    flags = m.get("cpu_flags")
-    if flags is not None:
-        widest = ("amx_tile", "avx512_bf16", "avx512f", "avx2")
-        parts.append(next((f for f in widest if f in flags), "no AVX2"))
-    return ", ".join(parts)
+def cpu_of(r: Result) -> str:
+    from lmforge.bench.results import cpu_text
+
+    return cpu_text(r.get("machine"))
 
 
 def summary_rows(results: dict[str, Result]) -> list[tuple[str, str, str, float, str]]:

@@ -34,10 +34,9 @@ from bench.vllm_bench_parity import (  # noqa: E402
     BIMODAL_SHARE,
     SLOW_STREAM,
     VllmBench,
-    _git_describe,
-    _machine_line,
     bench_args,
     bimodal,
+    git_describe,
     one_run,
 )
 
@@ -147,7 +146,7 @@ def main() -> None:
         "name": name,
         "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/soak.py"
         + (f" --model {args.model}" if args.model != TINY else ""),
-        "commit": _git_describe(),
+        "commit": git_describe(),
         # the worst server's last run over its first (bench/report.py's summary: target 0.95)
         "ratio": min(row["last_over_first"] for row in rows.values()),
         "target": GOAL[0],
@@ -178,6 +177,8 @@ def main() -> None:
 
 def report(result: dict[str, Any]) -> str:
     """The markdown section of docs/performance.md for a soak result."""
+    from lmforge.bench.results import cpu_text
+
     s = result["settings"]
     low, high = result["goal_last_over_first"]
     lines = []
@@ -198,7 +199,7 @@ def report(result: dict[str, Any]) -> str:
 (`{" ".join(s["vllm_serve_args"])}`; LMI-Dist with the example model's settings at the same batch).
 Goal: the last run's output tok/s within {low}-{high} of the first's, and no bimodal TPOT (over
 {s["bimodal_share"]:.0%} of streams at more than {s["slow_stream"]:g}x the median). Commit
-`{result["commit"]}`, taken on {_machine_line(result["machine"])}.
+`{result["commit"]}`, taken on {cpu_text(result["machine"])}.
 Result: `bench/results/{result["name"]}.json`.
 
 | server | output tok/s, run by run | last / first | TPOT std by run (ms) | bimodal runs | RSS MiB |

@@ -413,8 +413,8 @@ def main() -> None:
             "route": route,
             "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/vllm_bench_parity.py"
             + (f" --model {args.model}" if args.model != TINY else ""),
-            "label": args.label or _git_describe(),
-            "commit": _git_describe(),
+            "label": args.label or git_describe(),
+            "commit": git_describe(),
             "ratio": min(row["ratio"] for row in rows),
             "targets": TARGETS,
             "rows": rows,
@@ -468,17 +468,7 @@ def _tpot(row: dict[str, Any]) -> str:
     return f"{row['tpot_ms_mean']:.1f} / {row['tpot_ms_std']:.1f} / {row['tpot_ms_p99']:.1f}"
 
 
-def _machine_line(machine: dict[str, Any]) -> str:
-    """``AMD EPYC, 2 cores (avx, avx2)``: the CPU a figure was taken on and its vector extensions."""
-    flags = machine.get("cpu_flags")
-    if flags is None:
-        vector = "its flags not recorded"
-    else:
-        vector = ", ".join(f for f in flags if f.startswith(("avx", "amx"))) or "no AVX"
-    return f"{machine.get('cpu', 'an unrecorded CPU')}, {machine.get('cpu_count', '?')} cores ({vector})"
-
-
-def _git_describe() -> str:
+def git_describe() -> str:
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -496,6 +486,8 @@ def _git_describe() -> str:
 
 def report(result: dict[str, Any]) -> str:
     """The markdown section of docs/performance.md for one route's result."""
+    from lmforge.bench.results import cpu_text
+
     s = result["settings"]
     rows = result["rows"]
     before = {row["concurrency"]: row for row in result.get("before", {}).get("rows", [])}
@@ -573,7 +565,7 @@ does on its random dataset), `--temperature 0`; warm-ups = concurrency. The two 
 after the other, lmforge, vLLM, vLLM, lmforge, ... ({s["rounds"]} rounds over {s.get("sessions", 1)} pairs of
 server processes started fresh, in the other order each time{warmed}); figures are medians over the rounds;
 ratio = lmforge / vLLM output tokens/s (each round's own ratio in brackets).{redo}
-Labelled `{result.get("label")}`, taken on {_machine_line(result.get("machine", {}))}. Result:
+Labelled `{result.get("label")}`, taken on {cpu_text(result.get("machine"))}. Result:
 `bench/results/{result["name"]}.json`. The runs (`$URL`: either server):
 
 ```

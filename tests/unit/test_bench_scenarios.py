@@ -460,4 +460,4 @@ def test_the_soak_compares_the_last_run_with_the_first() -> None:
     }
     page = soak.report(result)
     assert "| lmforge-vllm | 3000, 2900, 2800, 2700, 2600 | **0.87** (MISSED) |" in page
-    assert "`abc1234`, taken on AMD EPYC, 2 cores (avx2)" in page
+    assert "`abc1234`, taken on AMD EPYC, 2 cores, avx2" in page

@@ -77,6 +77,23 @@ def machine() -> dict[str, Any]:
     }
 
 
+#: the vector extensions CPU kernels are chosen by, widest first
+_WIDEST = ("amx_tile", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_text(machine: dict[str, Any] | None) -> str:
+    """``AMD EPYC, 2 cores, avx512_bf16``: the CPU a result was taken on (:func:`machine`), its cores
+    and its widest vector extension; "not recorded" for a result without one."""
+    m = machine or {}
+    if "cpu" not in m:
+        return "not recorded"
+    parts = [str(m["cpu"])] + ([f"{m['cpu_count']} cores"] if m.get("cpu_count") else [])
+    flags = m.get("cpu_flags")
+    if flags is not None:
+        parts.append(next((f for f in _WIDEST if f in flags), "no AVX2"))
+    return ", ".join(parts)
+
+
 def record(config: BenchConfig, run: RunResult) -> dict[str, Any]:
     """The JSON object of one run."""
     load = run.load
