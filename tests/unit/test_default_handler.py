@@ -31,6 +31,10 @@ class ScriptedEngine:
     name = "scripted"
     tokenizer = CharTokenizer()
     model_name = "scripted"
+    max_model_len = 0
+
+    def tool_call_syntax(self, name: str, tools: list[dict[str, Any]]) -> None:
+        return None
 
     def __init__(self, texts: list[str], fail: Exception | None) -> None:
         self.texts = texts

@@ -10,17 +10,18 @@ from lmforge.config import ServingConfig
 from lmforge.engines.limits import check_request_size
 from lmforge.engines.protocol import FieldError, RequestField
 from lmforge.handlers.fields import NAMES, client_name, in_client_terms
-from lmforge.handlers.requests import parse_request, route_schema
+from lmforge.handlers.requests import parse_request
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-
-
-def parsed(route: str, **body: Any) -> Any:
-    return parse_request(body, default_max_new_tokens=16, schema=route_schema(route))
+CHAT = "chat"
+COMPLETIONS = "completion"
 
 
-LMI = parsed("/invocations", inputs="x")
+def parsed(schema: str | None, **body: Any) -> Any:
+    """``body`` parsed as the route with that body schema parses it (None: ``/invocations``)."""
+    return parse_request(body, default_max_new_tokens=16, schema=schema)  # type: ignore[arg-type]
+
+
+LMI = parsed(None, inputs="x")
 CHAT_REQ = parsed(CHAT, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5)
 COMPLETION = parsed(COMPLETIONS, prompt="x")
 

@@ -107,8 +107,7 @@ class EngineBase:
         return self._tokenizer
 
     def tool_call_syntax(self, name: str, tools: list[dict[str, Any]]) -> CallSyntax | None:
-        """The engine's own reader of ``option.tool_call_parser`` ``name`` for one chat reply whose
-        request offered ``tools``; None = lmforge's built-in one (``hermes``, ``llama3_json``)."""
+        """:meth:`lmforge.engines.protocol.Engine.tool_call_syntax`: none of its own by default."""
         return None
 
     @property

@@ -222,7 +222,7 @@ class CallSyntax(Protocol):
     """A model family's tool-call syntax, read from one chat reply's text (``option.tool_call_parser``
     with ``tool_choice: "auto"``). lmforge reads ``hermes`` and ``llama3_json`` itself on every engine
     (:mod:`lmforge.handlers.reply_parsing`); an engine may bring its own
-    (:meth:`lmforge.engines.base.EngineBase.tool_call_syntax`)."""
+    (:meth:`Engine.tool_call_syntax`)."""
 
     def sendable(self, content: str, sent: int) -> int:
         """How much of the reply's ``content`` so far may stream as plain text now (the rest may still
@@ -239,12 +239,19 @@ class Engine(Protocol):
 
     name: str
 
+    max_model_len: int
+    """Prompt + generated tokens one sequence may hold, known once the engine has started (0 before)."""
+
     @property
     def tokenizer(self) -> Any:
         """A Hugging Face tokenizer (``apply_chat_template``, ``decode``)."""
 
     @property
     def model_name(self) -> str: ...
+
+    def tool_call_syntax(self, name: str, tools: list[dict[str, Any]]) -> CallSyntax | None:
+        """The engine's own reader of ``option.tool_call_parser`` ``name`` for one chat reply whose
+        request offered ``tools``; None: lmforge's built-in one (:mod:`lmforge.handlers.reply_parsing`)."""
 
     async def start(self) -> None: ...
 

@@ -1,20 +1,31 @@
 """The handler layer (our djl-python): the default handler and user ``model.py`` handlers.
 
-:func:`create_handler` picks one from the config; every handler has the same small surface
-(:class:`Handler`), which is all the model server uses.
+:func:`create_handler` picks one from the config. Every handler has the same small surface
+(:class:`Handler`: ``/ping`` and the invocations); a handler that serves more says so by implementing a
+capability protocol (:class:`ListsModels`, :class:`ServesTokenizer`, :class:`ServesAdapters`), and the
+model server routes those paths to it only then. That is all the model server uses.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lmforge.handlers.io import Input, Output
 
 if TYPE_CHECKING:
+    from lmforge.adapters.registry import AdapterRegistry
     from lmforge.config import ResolvedConfig
     from lmforge.engines.protocol import EngineStats
 
-__all__ = ["Handler", "Input", "Output", "create_handler"]
+__all__ = [
+    "Handler",
+    "Input",
+    "ListsModels",
+    "Output",
+    "ServesAdapters",
+    "ServesTokenizer",
+    "create_handler",
+]
 
 
 class Handler(Protocol):
@@ -30,6 +41,40 @@ class Handler(Protocol):
         """The engine's gauges and counters for ``/metrics`` (None: a user handler, no engine of ours)."""
 
     async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class ListsModels(Protocol):
+    """A handler that answers OpenAI's ``GET /v1/models``."""
+
+    def models(self) -> dict[str, Any]:
+        """The served model and its adapters, in OpenAI's list shape."""
+
+
+@runtime_checkable
+class ServesTokenizer(Protocol):
+    """A handler that answers vLLM's tokenizer routes on its engine's tokenizer."""
+
+    def tokenize(self, raw: bytes) -> dict[str, Any]:
+        """``POST /tokenize`` with the request body ``raw``."""
+
+    def detokenize(self, raw: bytes) -> dict[str, Any]:
+        """``POST /detokenize`` with the request body ``raw``."""
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """``GET /tokenizer_info``."""
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """A handler that answers the adapter management API (LMI's and SageMaker's)."""
+
+    adapters: AdapterRegistry | None
+    """The adapters it serves; None when LoRA is off (the API then refuses, naming
+    ``option.enable_lora``)."""
+
+    def model_names(self) -> set[str]:
+        """The names LMI's ``/models/{model}/adapters`` accepts for the served model."""
 
 
 def create_handler(resolved: ResolvedConfig) -> Handler:

@@ -19,7 +19,7 @@ from lmforge.handlers.fields import in_client_terms
 from lmforge.handlers.io import Input, Output
 from lmforge.handlers.prompt import Prompts
 from lmforge.handlers.replies import Replies
-from lmforge.handlers.requests import ParsedRequest, parse_body, parse_request, route_schema
+from lmforge.handlers.requests import ParsedRequest, parse_body, parse_request
 from lmforge.handlers.served import ServedModels
 
 if TYPE_CHECKING:
@@ -75,17 +75,16 @@ class DefaultHandler:
     async def handle(self, inputs: Input) -> Output:
         """Parse, tokenize once, name what serves it, run it on the engine, answer in the asked shape."""
         body = parse_body(inputs.get_as_bytes(), inputs.get_property("content-type"))
-        schema = route_schema(inputs.route)  # the API, decided once, by the route
         req = parse_request(
             body,
             default_max_new_tokens=self.config.default_max_new_tokens,
-            schema=schema,
+            schema=inputs.api,  # the route's, from the server's route table
             auto_tools=self.config.enable_auto_tool_choice,
         )
-        media = self.replies.media_type(req, inputs.get_property("accept"), openai_route=schema is not None)
+        media = self.replies.media_type(req, inputs.get_property("accept"))
         self.prompts.check_params(req.params)
         prompts = [(each, self.prompts.ids(each)) for each in req.each_prompt()]
-        served = self.served.resolve(req, inputs, openai_route=schema is not None)
+        served = self.served.resolve(req, inputs)
         request_id = _request_id(inputs)
         requests = [
             (each, GenerationRequest(request_id, ids, self.prompts.params(each, ids), adapter=served.adapter))
@@ -116,6 +115,10 @@ class DefaultHandler:
     def models(self) -> dict[str, Any]:
         """``GET /v1/models``."""
         return self.served.models(int(self.started))
+
+    def model_names(self) -> set[str]:
+        """LMI's default model name and the served model's."""
+        return {"model", self.engine.model_name}
 
     # ------------------------------------------------------------------ vLLM's tokenizer routes
 

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lmforge.handlers.request_common import Api
 
 
 class Input:
@@ -25,6 +28,7 @@ class Input:
         content: dict[str, bytes] | None = None,
         route: str = "/invocations",
         query: dict[str, str] | None = None,
+        api: Api | None = None,
     ) -> None:
         self.properties: dict[str, str] = dict(properties or {})
         self.content: dict[str, bytes] = dict(content or {})
@@ -33,6 +37,10 @@ class Input:
         lmforge addition to djl-python's Input."""
         self.query: dict[str, str] = dict(query or {})
         """The query parameters (an lmforge addition; also in ``content`` as DJL Serving has them)."""
+        self.api = api
+        """The body schema of the route it came on (an lmforge addition, from the server's route table,
+        :mod:`lmforge.serving.routes`): ``chat`` or ``completion`` on OpenAI's routes, None on
+        ``/invocations`` (any schema, read from the body)."""
         for key, value in self.query.items():
             if key != "data":
                 self.content.setdefault(key, value.encode("utf-8"))

@@ -43,7 +43,7 @@ class Prompts:
     @property
     def max_model_len(self) -> int:
         """Prompt + generated tokens one sequence may hold (0: the engine does not say)."""
-        return int(getattr(self._engine, "max_model_len", 0) or 0)
+        return self._engine.max_model_len
 
     def ids(self, req: ParsedRequest) -> list[int]:
         """``req``'s one prompt as token ids: its ids checked, its chat rendered and tokenized, or

@@ -36,10 +36,10 @@ class Replies:
             self._names = TokenText(self._tokenizer())
         return self._names
 
-    def media_type(self, req: ParsedRequest, accept: str | None, openai_route: bool) -> str | None:
+    def media_type(self, req: ParsedRequest, accept: str | None) -> str | None:
         """The streaming media type, or None for one JSON answer. OpenAI routes stream SSE, as OpenAI
         clients expect whatever they send as Accept; /invocations follows LMI's rules."""
-        if openai_route:
+        if req.openai_route:
             return fmt.SSE if req.stream else None
         configured = self._config.output_formatter
         wants_sse = configured == "sse" or "text/event-stream" in (accept or "")
@@ -79,9 +79,8 @@ class Replies:
         if req.chat:
             name = self._config.tool_call_parser if req.auto_tools else None
             tools: str | CallSyntax | None = name
-            syntax = getattr(self._engine, "tool_call_syntax", None)
-            if name is not None and syntax is not None:
-                tools = syntax(name, req.tools or []) or name
+            if name is not None:
+                tools = self._engine.tool_call_syntax(name, req.tools or []) or name
             reasoning = self._config.reasoning_parser
             parse = (tools or reasoning) and req.tool_mode is None
             return ofmt.ChatFormatter(

@@ -79,6 +79,9 @@ class ParsedRequest:
     """Chat: the model may call tools (``tool_choice: "auto"``); the tool-call parser reads its reply."""
     n: int = 1
     """OpenAI: how many choices to generate."""
+    openai_route: bool = False
+    """It came on one of OpenAI's routes (not ``/invocations``): its ``model`` must be served (else
+    vLLM's 404), and it streams SSE whatever ``Accept`` says."""
 
     def each_prompt(self) -> list[ParsedRequest]:
         """One request per prompt: this one, or for a list of prompts one per prompt, in order."""

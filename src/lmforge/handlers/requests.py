@@ -9,6 +9,7 @@ working, and a request that actually needs them is refused rather than silently 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -29,21 +30,6 @@ from lmforge.handlers.request_common import (
 )
 
 __all__ = ["ParsedRequest", "parse_body", "parse_request"]
-
-CHAT_ROUTE = "/v1/chat/completions"
-COMPLETIONS_ROUTE = "/v1/completions"
-#: The invocation routes and the body schema each takes: OpenAI's on its own routes; None on
-#: /invocations, which takes any schema and is read by its body. The one place the API is decided.
-ROUTE_SCHEMAS: dict[str, Api | None] = {
-    "/invocations": None,
-    CHAT_ROUTE: "chat",
-    COMPLETIONS_ROUTE: "completion",
-}
-
-
-def route_schema(route: str) -> Api | None:
-    """The body schema ``route`` takes (None: any, by the body); an unknown route takes any too."""
-    return ROUTE_SCHEMAS.get(route)
 
 
 class _Neutral(BaseModel):
@@ -94,15 +80,18 @@ def parse_request(
     schema: Api | None = None,
     auto_tools: bool = False,
 ) -> ParsedRequest:
-    """The request in ``body``: ``schema`` when its route takes one (:func:`route_schema`); else (on
-    ``/invocations``) chat when it has ``messages``, completions when it has ``prompt``, else LMI."""
+    """The request in ``body``: ``schema`` when its route takes one (OpenAI's routes:
+    :attr:`lmforge.handlers.io.Input.api`); else (on ``/invocations``) chat when it has ``messages``,
+    completions when it has ``prompt``, else LMI."""
     if schema == "chat" or (schema is None and "messages" in body):
         if "messages" not in body:
-            raise BadRequestError(f"{CHAT_ROUTE} needs 'messages'", param="messages")
-        return openai_api.parse_chat(body, default_max_new_tokens, auto_tools)
-    if schema == "completion" or ("prompt" in body and "inputs" not in body):
-        return openai_api.parse_completion(body)
-    return _parse_lmi(body, default_max_new_tokens)
+            raise BadRequestError("/v1/chat/completions needs 'messages'", param="messages")
+        req = openai_api.parse_chat(body, default_max_new_tokens, auto_tools)
+    elif schema == "completion" or ("prompt" in body and "inputs" not in body):
+        req = openai_api.parse_completion(body)
+    else:
+        req = _parse_lmi(body, default_max_new_tokens)
+    return dataclasses.replace(req, openai_route=True) if schema is not None else req
 
 
 def _parse_lmi(body: dict[str, Any], default_max_new_tokens: int) -> ParsedRequest:

@@ -67,12 +67,12 @@ class ServedModels:
             f"The model `{named}` does not exist. Valid aliases: {names}{also}.", param="model"
         )
 
-    def resolve(self, req: ParsedRequest, inputs: Input, *, openai_route: bool) -> Served:
+    def resolve(self, req: ParsedRequest, inputs: Input) -> Served:
         """What serves ``req``, sent as ``inputs`` (on an OpenAI route: an unknown ``model`` is a 404)."""
-        adapter = self._adapter(req, inputs, openai_route)
+        adapter = self._adapter(req, inputs)
         return Served(adapter, adapter.name if adapter is not None else self._engine.model_name)
 
-    def _adapter(self, req: ParsedRequest, inputs: Input, openai_route: bool) -> LoraAdapter | None:
+    def _adapter(self, req: ParsedRequest, inputs: Input) -> LoraAdapter | None:
         """The adapter a request asks for: header (SageMaker's identifier, else its alias), body
         (``adapters``) or ``?adapter=``."""
         identifier = inputs.get_property(ADAPTER_HEADER)
@@ -92,7 +92,7 @@ class ServedModels:
         }
         if "model" in wanted:
             named = wanted["model"]
-            if openai_route:  # vLLM's 404 for a name it does not serve
+            if req.openai_route:  # vLLM's 404 for a name it does not serve
                 self.check(named)
             if named in self.names():
                 del wanted["model"]  # the OpenAI model field names the served model, not an adapter

@@ -3,10 +3,11 @@
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``), the adapters API, ``GET /metrics``,
 and the WebSocket ``/invocations-bidirectional-stream`` (:mod:`lmforge.serving.bidi`).
 
-Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a status from
-:data:`lmforge.errors.ERROR_TABLE`, in OpenAI's body shape on every ``/v1/...`` path and vLLM's peer
-routes (as vLLM sends them) and LMI's elsewhere; unexpected exceptions are logged with their traceback
-here and reach the client as a one-line message, never as a traceback.
+The routes are one table (:mod:`lmforge.serving.routes`), built from what the handler implements: the
+model list, the tokenizer routes and the adapters API only where the handler has that capability
+(:mod:`lmforge.handlers`). Every failure leaves through :func:`lmforge.serving.asgi.send_error` with a
+status from :data:`lmforge.errors.ERROR_TABLE`, in the error shape of its route; unexpected exceptions
+are logged with their traceback here and reach the client as a one-line message, never as a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -29,13 +30,27 @@ from lmforge.errors import (
     OverloadedError,
     classify,
 )
+from lmforge.handlers import ListsModels, ServesAdapters, ServesTokenizer
 from lmforge.handlers.io import Input, Output
-from lmforge.handlers.requests import ROUTE_SCHEMAS
 from lmforge.serving import adapters_api, asgi, bidi, sessions
+from lmforge.serving.routes import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    DETOKENIZE_PATH,
+    INVOCATIONS_PATH,
+    MODELS_PATH,
+    TOKENIZE_PATH,
+    TOKENIZER_INFO_PATH,
+    Errors,
+    Route,
+    Router,
+)
 from lmforge.serving.state import Phase, ServerState
 
 if TYPE_CHECKING:
     from lmforge.handlers import Handler
+    from lmforge.handlers.request_common import Api
+    from lmforge.serving.routes import Endpoint
 
 log = logging.getLogger("lmforge.serving")
 
@@ -44,22 +59,6 @@ RETRY_AFTER_S = 1
 #: ``/ping`` says 503 and why) before it exits non-zero, so that its container is replaced
 ENGINE_DEATH_EXIT_AFTER_S = 5.0
 _HEALTH_EVERY_S = 0.5
-INVOCATION_PATHS = tuple(ROUTE_SCHEMAS)
-MODELS_PATH = "/v1/models"
-#: paths under it answer errors in OpenAI's shape (``{"error": {...}}``)
-OPENAI_PREFIX = "/v1/"
-#: vLLM's tokenizer routes -> (method, the default handler's method that answers it: from the body
-#: for POST)
-TOKENIZER_ROUTES = {
-    "/tokenize": ("POST", "tokenize"),
-    "/detokenize": ("POST", "detokenize"),
-    "/tokenizer_info": ("GET", "tokenizer_info"),
-}
-#: vLLM's routes beside OpenAI's; their errors are OpenAI's shape too, as vLLM sends them
-PEER_PATHS = frozenset({"/health", "/version", *TOKENIZER_ROUTES})
-
-Route = Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]]
-
 
 #: request headers a SageMaker container hands back on its reply (unless the handler set its own):
 #: the custom attributes, and the inference id the request was logged under
@@ -80,15 +79,41 @@ class App:
         self._load_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._handler_stop: asyncio.Future[None] | None = None
-        #: path -> (methods, route) for every route with a fixed path but the invocations
-        self._routes: dict[str, tuple[tuple[str, ...], Route]] = {
-            "/ping": (("GET", "HEAD"), self._ping),
-            "/health": (("GET",), self._health),
-            "/version": (("GET",), self._version),
-            MODELS_PATH: (("GET",), self._models),
-            "/metrics": (("GET",), self._send_metrics),
-            **{path: ((method,), self._tokenizer) for path, (method, _) in TOKENIZER_ROUTES.items()},
-        }
+        self.router = Router(self._routes(handler))
+
+    def _routes(self, handler: Handler) -> list[Route]:
+        """Every route: SageMaker's and OpenAI's, vLLM's peer routes (their errors in OpenAI's shape, as
+        vLLM sends them), and what the handler's capabilities add."""
+        lmi, openai = Errors.LMI, Errors.OPENAI
+        routes = [
+            Route(INVOCATIONS_PATH, ("POST",), self._invocation(None), lmi, None, invocation=True),
+            Route(CHAT_PATH, ("POST",), self._invocation("chat"), openai, "chat", invocation=True),
+            Route(
+                COMPLETIONS_PATH,
+                ("POST",),
+                self._invocation("completion"),
+                openai,
+                "completion",
+                invocation=True,
+            ),
+            Route("/ping", ("GET", "HEAD"), self._ping, lmi),
+            Route("/metrics", ("GET",), self._send_metrics, lmi),
+            Route("/health", ("GET",), self._health, openai),
+            Route("/version", ("GET",), self._version, openai),
+        ]
+        if isinstance(handler, ListsModels):
+            routes.append(Route(MODELS_PATH, ("GET",), self._answer(handler.models), openai))
+        if isinstance(handler, ServesTokenizer):
+            routes += [
+                Route(TOKENIZE_PATH, ("POST",), self._answer_body(handler.tokenize), openai),
+                Route(DETOKENIZE_PATH, ("POST",), self._answer_body(handler.detokenize), openai),
+                Route(TOKENIZER_INFO_PATH, ("GET",), self._answer(handler.tokenizer_info), openai),
+            ]
+        if isinstance(handler, ServesAdapters):
+            methods = ("GET", "POST", "PUT", "DELETE")  # each adapter path checks its own
+            adapters = self._adapters(handler)
+            routes.append(Route("/adapters", methods, adapters, lmi, match=adapters_api.is_adapter_path))
+        return routes
 
     # ------------------------------------------------------------------ lifespan
 
@@ -187,21 +212,16 @@ class App:
             return
         path = scope["path"].rstrip("/") or "/"
         method = scope["method"]
+        route = self.router.find(path)
+        errors = route.errors if route is not None else Router.unmatched_errors(path)
         try:
-            if path in INVOCATION_PATHS:
-                self._require(method, "POST")
-                await self._invoke(scope, receive, send)
-            elif adapters_api.is_adapter_path(path):
-                await self._adapters(scope, receive, send, path)
-            elif path in self._routes:
-                methods, route = self._routes[path]
-                self._require(method, *methods)
-                await route(scope, receive, send)
-            else:
+            if route is None:
                 raise NotFoundError(f"no route {method} {scope['path']}; use GET /ping or POST /invocations")
+            self._require(method, *route.methods)
+            await route.endpoint(scope, receive, send)
         except LmforgeError as err:
             self.state.count(err.status)
-            await asgi.send_error(send, err, openai=path.startswith(OPENAI_PREFIX) or path in PEER_PATHS)
+            await asgi.send_error(send, err, openai=errors is Errors.OPENAI)
 
     @staticmethod
     def _require(method: str, *allowed: str) -> None:
@@ -276,11 +296,18 @@ class App:
         self.state.count(output.code)
         return output
 
-    async def _invoke(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        async with self.admitted():
-            await self._invoke_admitted(scope, receive, send)
+    def _invocation(self, schema: Api | None) -> Endpoint:
+        """The endpoint of an invocation route whose body schema is ``schema``."""
 
-    async def _invoke_admitted(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        async def invoke(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+            async with self.admitted():
+                await self._invoke_admitted(scope, receive, send, schema)
+
+        return invoke
+
+    async def _invoke_admitted(
+        self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, schema: Api | None
+    ) -> None:
         try:
             body = await asgi.read_body(scope, receive, self.state.max_request_size)
         except asgi.ClientDisconnected:
@@ -295,7 +322,11 @@ class App:
         echo = {n: properties[n.lower()] for n in ECHOED_HEADERS if n.lower() in properties}
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         inputs = Input(
-            properties=properties, content={"data": body}, route=scope["path"].rstrip("/"), query=query
+            properties=properties,
+            content={"data": body},
+            route=scope["path"].rstrip("/"),
+            query=query,
+            api=schema,
         )
         try:
             output = await asgi.run_unless_disconnected(receive, self.run(inputs))
@@ -314,54 +345,60 @@ class App:
         except Exception:
             log.exception("response stream failed after the status line was sent")
 
-    async def _models(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        self._require_ready()
-        models = getattr(self.handler, "models", None)
-        if models is None:
-            raise NotFoundError(f"{MODELS_PATH}: the {self.handler.name} handler serves no model list")
-        self.state.count(200)
-        await asgi.send_json(send, 200, models())
+    def _answer(self, answer: Callable[[], Any]) -> Endpoint:
+        """A GET endpoint answered with the JSON of ``answer()``, once the model is ready."""
 
-    async def _tokenizer(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
-        """vLLM's tokenizer routes, answered by the default handler on the engine's tokenizer."""
-        path = scope["path"].rstrip("/")
-        self._require_ready()
-        method, name = TOKENIZER_ROUTES[path]
-        answer = getattr(self.handler, name, None)
-        if answer is None:
-            raise NotFoundError(f"{path}: the {self.handler.name} handler has no tokenizer to serve")
-        args = []
-        if method == "POST":  # the body, bounded as every body is
+        async def endpoint(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+            self._require_ready()
+            await self._send_answer(scope, send, answer)
+
+        return endpoint
+
+    def _answer_body(self, answer: Callable[[bytes], Any]) -> Endpoint:
+        """A POST endpoint answered with the JSON of ``answer(body)`` (the body bounded as every body is),
+        once the model is ready."""
+
+        async def endpoint(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+            self._require_ready()
             try:
-                args.append(await asgi.read_body(scope, receive, self.state.max_request_size))
+                body = await asgi.read_body(scope, receive, self.state.max_request_size)
             except asgi.ClientDisconnected:
                 return
+            await self._send_answer(scope, send, lambda: answer(body))
+
+        return endpoint
+
+    async def _send_answer(self, scope: asgi.Scope, send: asgi.Send, answer: Callable[[], Any]) -> None:
         try:
-            obj = answer(*args)
+            obj = answer()
         except LmforgeError:
             raise
         except Exception as exc:
-            raise _unexpected(path, exc) from None
+            raise _unexpected(scope["path"].rstrip("/"), exc) from None
         self.state.count(200)
         await asgi.send_json(send, 200, obj)
 
     # ------------------------------------------------------------------ adapters
 
-    async def _adapters(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, path: str) -> None:
-        self._require_ready()
-        try:
-            body = await asgi.read_body(scope, receive, self.state.max_request_size)
-        except asgi.ClientDisconnected:
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        registry = getattr(self.handler, "adapters", None)
-        engine = getattr(self.handler, "engine", None)
-        names = {"model"} | ({engine.model_name} if engine is not None else set())
-        status, obj = await adapters_api.handle(
-            registry, names, scope["method"], path, scope.get("query_string", b""), body, headers
-        )
-        self.state.count(status)
-        await asgi.send_json(send, status, obj)
+    def _adapters(self, handler: ServesAdapters) -> Endpoint:
+        """The adapters API on ``handler``'s registry."""
+
+        async def endpoint(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+            self._require_ready()
+            try:
+                body = await asgi.read_body(scope, receive, self.state.max_request_size)
+            except asgi.ClientDisconnected:
+                return
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            path = scope["path"].rstrip("/")
+            query = scope.get("query_string", b"")
+            status, obj = await adapters_api.handle(
+                handler.adapters, handler.model_names(), scope["method"], path, query, body, headers
+            )
+            self.state.count(status)
+            await asgi.send_json(send, status, obj)
+
+        return endpoint
 
     # ------------------------------------------------------------------ metrics
 
