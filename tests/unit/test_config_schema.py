@@ -13,7 +13,7 @@ from lmforge.config import ConfigError, ResolvedConfig, ServingConfig, Source, l
 from lmforge.config.describe import expectation, properties_keys
 from lmforge.config.show import render_config
 from lmforge.config.sources import ALIAS_ENV, SAGEMAKER_ENV, env_key
-from lmforge.engines.reference import configuration_markdown as render_reference_markdown
+from lmforge.cli.config_cmd import reference_markdown as render_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -169,7 +169,7 @@ def test_token_text_names_sentencepiece_byte_fallback_tokens_by_their_bytes() ->
         list(b" hello"),
     ]
     # LMI's top_tokens give an alternative's text as the token decoded alone (U+FFFD for a lone byte)
-    lmi = fmt.LmiFormatter("p", details=False, return_full_text=False, names=text)
+    lmi = fmt.LmiFormatter("p", details=False, return_full_text=False, token_text=text)
     line = lmi.stream_line(
         GenerationEvent(Token(2, " hello", -1.0, top_logprobs=[(3, -2.0), (2, -3.0)]), 1, 1)
     )

@@ -1,4 +1,5 @@
-"""``lmforge config show DIR``: the resolved configuration and where each value came from."""
+"""``lmforge config show DIR``: the resolved configuration and where each value came from;
+``lmforge config reference``: every key, as docs/configuration.md has them."""
 
 from __future__ import annotations
 
@@ -43,6 +44,33 @@ def show_command(model_dir: Path) -> None:
     if compiled is not None:
         click.echo("")
         click.echo(f"vLLM {compiled}")
+
+
+def reference_markdown() -> str:
+    """The configuration reference: the config layer's keys, then the sections the engines add (vLLM's
+    option mapping). Joined here, above both layers, so the config layer never imports an engine."""
+    from lmforge.config.show import render_reference_markdown
+    from lmforge.engines.vllm.options import mapping_markdown
+
+    return render_reference_markdown([mapping_markdown()])
+
+
+@config_group.command("reference")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write it to this file (docs/configuration.md in the repository) instead of stdout.",
+)
+def reference_command(output: Path | None) -> None:
+    """Print every configuration key (serving.properties and environment) with its type, default and
+    meaning, in Markdown."""
+    text = reference_markdown()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    output.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {output}", err=True)
 
 
 def _handler_lines(resolved: ResolvedConfig) -> list[str]:

@@ -23,12 +23,12 @@ Generate = Callable[["GenerationRequest", "ParsedRequest"], AsyncGenerator[Gener
 
 
 def fan_out(
-    n: int, requests: list[tuple[ParsedRequest, GenerationRequest]]
+    n: int, runs: list[tuple[ParsedRequest, GenerationRequest]]
 ) -> list[tuple[ParsedRequest, GenerationRequest]]:
     """``n`` engine requests per prompt: choice ``p * n + i`` is prompt ``p``'s ``i``-th (vLLM's order)
     and samples as choice ``i`` of that prompt alone would (a seeded one with seed + i)."""
     choices: list[tuple[ParsedRequest, GenerationRequest]] = []
-    for each, request in requests:
+    for each, request in runs:
         for i in range(n):
             params = request.params
             if params.seed is not None:
@@ -43,12 +43,12 @@ async def answer_choices(
     generate: Generate,
     n: int,
     model_name: str,
-    requests: list[tuple[ParsedRequest, GenerationRequest]],
+    runs: list[tuple[ParsedRequest, GenerationRequest]],
     media: str | None,
 ) -> Output:
     """Every choice of :func:`fan_out` run at once; the first that fails decides the answer (naming its
     prompt), else one body (usage summed) or one stream of indexed choices."""
-    choices = fan_out(n, requests)
+    choices = fan_out(n, runs)
     sources = [generate(r, each) for each, r in choices]
     firsts = await asyncio.gather(*(anext(s) for s in sources), return_exceptions=True)
     for (each, _), first in zip(choices, firsts, strict=True):

@@ -83,27 +83,31 @@ class DefaultHandler:
         )
         media = self.replies.media_type(req, inputs.get_property("accept"))
         self.prompts.check_params(req.params)
-        prompts = [(each, self.prompts.ids(each)) for each in req.each_prompt()]
+        ids = [(each, self.prompts.ids(each)) for each in req.each_prompt()]
         served = self.served.resolve(req, inputs)
         request_id = _request_id(inputs)
-        requests = [
-            (each, GenerationRequest(request_id, ids, self.prompts.params(each, ids), adapter=served.adapter))
-            for each, ids in prompts
-        ]
-        if len(requests) > 1 or req.n > 1:
-            return await answer_choices(
-                self.replies, self._generate, req.n, served.model_name, requests, media
+        #: one (request of one prompt, the engine's request for it) a prompt
+        runs = [
+            (
+                each,
+                GenerationRequest(
+                    request_id, prompt, self.prompts.params(each, prompt), adapter=served.adapter
+                ),
             )
-        req, request = requests[0]
-        events = self._generate(request, req)
-        first = await _first_event(events, req)
+            for each, prompt in ids
+        ]
+        if len(runs) > 1 or req.n > 1:
+            return await answer_choices(self.replies, self._generate, req.n, served.model_name, runs, media)
+        ((one, request),) = runs  # the request itself, or the one prompt of a one-item list
+        events = self._generate(request, one)
+        first = await _first_event(events, one)
         out = Output()
         if media is None:
             async with contextlib.aclosing(events):
-                return out.add_as_json(await self.replies.collect(req, served.model_name, first, events))
+                return out.add_as_json(await self.replies.collect(one, served.model_name, first, events))
         out.add_property("Content-Type", media)
         out.add_property("X-Accel-Buffering", "no")
-        return out.add_stream_content(self.replies.stream(req, served.model_name, first, events, media))
+        return out.add_stream_content(self.replies.stream(one, served.model_name, first, events, media))
 
     def _generate(
         self, request: GenerationRequest, req: ParsedRequest

@@ -38,9 +38,9 @@ def token_dict(token: Token) -> dict[str, Any]:
     return out
 
 
-def _top_dicts(token: Token, names: TokenText) -> list[dict[str, Any]]:
+def _top_dicts(token: Token, token_text: TokenText) -> list[dict[str, Any]]:
     return [
-        {"id": i, "text": names.decoded(i), "log_prob": json_logprob(lp)}
+        {"id": i, "text": token_text.decoded(i), "log_prob": json_logprob(lp)}
         for i, lp in token.top_logprobs or []
     ]
 
@@ -55,10 +55,10 @@ class LmiFormatter:
     """Builds LMI responses from the events of one request."""
 
     def __init__(
-        self, prompt: str, *, details: bool, return_full_text: bool, names: TokenText | None = None
+        self, prompt: str, *, details: bool, return_full_text: bool, token_text: TokenText | None = None
     ) -> None:
         self.prompt = prompt
-        self.names = names or TokenText(None)
+        self.token_text = token_text or TokenText(None)
         """Names ``top_tokens`` alternatives (None: a formatter used on its own leaves their text empty)."""
         self.details = details
         self.return_full_text = return_full_text
@@ -75,7 +75,7 @@ class LmiFormatter:
         if with_tokens:
             d["tokens"] = [token_dict(t) for t in self.tokens]
             if any(t.top_logprobs for t in self.tokens):
-                d["top_tokens"] = [_top_dicts(t, self.names) for t in self.tokens]
+                d["top_tokens"] = [_top_dicts(t, self.token_text) for t in self.tokens]
         return d
 
     def generated_text(self) -> str:
@@ -124,7 +124,7 @@ class LmiFormatter:
             "details": None,
         }
         if event.token is not None and event.token.top_logprobs:
-            line["top_tokens"] = _top_dicts(event.token, self.names)
+            line["top_tokens"] = _top_dicts(event.token, self.token_text)
         if event.finished:
             line["generated_text"] = self.generated_text()
             if self.details or event.finish_reason == FinishReason.ERROR:

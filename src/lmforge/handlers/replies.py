@@ -3,7 +3,7 @@ it (LMI/TGI, OpenAI chat or completions), from the engine's events."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from lmforge.handlers import formatters as fmt
@@ -11,13 +11,12 @@ from lmforge.handlers import openai_formatters as ofmt
 from lmforge.handlers import streams
 from lmforge.handlers.logprobs import TokenText
 from lmforge.handlers.reply_parsing import ReplyParser
+from lmforge.handlers.streams import Events
 
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
     from lmforge.engines.protocol import CallSyntax, Engine, GenerationEvent
     from lmforge.handlers.request_common import ParsedRequest
-
-Events = AsyncGenerator["GenerationEvent", None]
 
 
 class Replies:
@@ -28,13 +27,13 @@ class Replies:
         self._config = config
         self._engine = engine
         self._tokenizer = tokenizer
-        self._names: TokenText | None = None
+        self._token_text: TokenText | None = None
 
     def token_text(self) -> TokenText:
         """How log-probs name the engine's tokens (built on first use)."""
-        if self._names is None:
-            self._names = TokenText(self._tokenizer())
-        return self._names
+        if self._token_text is None:
+            self._token_text = TokenText(self._tokenizer())
+        return self._token_text
 
     def media_type(self, req: ParsedRequest, accept: str | None) -> str | None:
         """The streaming media type, or None for one JSON answer. OpenAI routes stream SSE, as OpenAI
@@ -54,9 +53,7 @@ class Replies:
         collected = await streams.drain(first, events, req.openai_body)
         if req.openai_body:
             return self.openai(req, model_name).final_json(collected)
-        lmi = fmt.LmiFormatter(
-            req.prompt, details=req.details, return_full_text=req.return_full_text, names=self.token_text()
-        )
+        lmi = self.lmi(req)
         for event in collected:
             lmi.add(event)
         return lmi.final_json(collected[-1])
@@ -68,10 +65,17 @@ class Replies:
         if req.openai_body:
             openai = self.openai(req, model_name)
             return streams.frames(first, events, media, openai.stream_frame, openai.trailer)
-        lmi = fmt.LmiFormatter(
-            req.prompt, details=req.details, return_full_text=req.return_full_text, names=self.token_text()
-        )
+        lmi = self.lmi(req)
         return streams.frames(first, events, media, lmi.stream_frame, None)
+
+    def lmi(self, req: ParsedRequest) -> fmt.LmiFormatter:
+        """The LMI/TGI formatter for ``req``."""
+        return fmt.LmiFormatter(
+            req.prompt,
+            details=req.details,
+            return_full_text=req.return_full_text,
+            token_text=self.token_text(),
+        )
 
     def openai(self, req: ParsedRequest, model_name: str) -> ofmt.ChatFormatter | ofmt.CompletionFormatter:
         """The OpenAI formatter for ``req`` (``model_name``: the name the answer gives as ``model``)."""
