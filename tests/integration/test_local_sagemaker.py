@@ -241,7 +241,7 @@ def _engine_core(server_pid: int) -> tuple[int, Path]:
     """The pid of the LMI-Dist engine core under a server process, and its sockets' folder."""
     import psutil
 
-    from lmforge.engines.lmi_dist.core import REQUESTS_ENV
+    from lmforge.engines.lmi_dist.ipc import REQUESTS_ENV
 
     for child in psutil.Process(server_pid).children(recursive=True):
         if "lmforge.engines.lmi_dist.core" in child.cmdline():

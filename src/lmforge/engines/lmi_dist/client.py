@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.lmi_dist import ipc
-from lmforge.engines.lmi_dist.core import CONFIG_ENV, OUTPUTS_ENV, REQUESTS_ENV
 from lmforge.errors import ERROR_TABLE, EngineDeadError, LmforgeError, error_for_status
 
 if TYPE_CHECKING:
@@ -84,9 +83,9 @@ class CoreProcess:
             # mixed-LoRA factors); set it to 0 to opt out
             "THP_MEM_ALLOC_ENABLE": "1",
             **os.environ,
-            CONFIG_ENV: self.config.model_dump_json(),
-            REQUESTS_ENV: requests,
-            OUTPUTS_ENV: outputs,
+            ipc.CONFIG_ENV: self.config.model_dump_json(),
+            ipc.REQUESTS_ENV: requests,
+            ipc.OUTPUTS_ENV: outputs,
             "LMFORGE_LOG_LEVEL": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         }
         self.proc = subprocess.Popen([sys.executable, "-m", "lmforge.engines.lmi_dist.core"], env=env)

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
-CONFIG_ENV = "LMFORGE_LMI_DIST_CORE_CONFIG"
-REQUESTS_ENV = "LMFORGE_LMI_DIST_CORE_REQUESTS"
-OUTPUTS_ENV = "LMFORGE_LMI_DIST_CORE_OUTPUTS"
 _POLL_MS = 250
 
 
@@ -194,7 +191,8 @@ class Core:
                 try:
                     self.stop()
                 finally:
-                    ipc.remove_socket_folder(ipc.folder_of(os.environ[REQUESTS_ENV]))  # the server never will
+                    # the server never will
+                    ipc.remove_socket_folder(ipc.folder_of(os.environ[ipc.REQUESTS_ENV]))
                 return 1
 
     def handle(self, message: ipc.Add | ipc.Cancel | ipc.Call) -> None:
@@ -418,13 +416,13 @@ def main() -> int:
         level=os.environ.get("LMFORGE_LOG_LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
+    config = ServingConfig.model_validate_json(os.environ[ipc.CONFIG_ENV])
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
-    pull.connect(os.environ[REQUESTS_ENV])
+    pull.connect(os.environ[ipc.REQUESTS_ENV])
     push = context.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 2000)
-    push.connect(os.environ[OUTPUTS_ENV])
+    push.connect(os.environ[ipc.OUTPUTS_ENV])
     core = Core(config, push)
     try:
         core.load()

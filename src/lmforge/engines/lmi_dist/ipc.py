@@ -1,7 +1,9 @@
 """The wire between LMI-Dist's frontend (the server process) and its engine core process.
 
 Two ZeroMQ PUSH/PULL pipes over ``ipc://`` sockets in a private folder, both bound by the frontend:
-``requests`` (frontend -> core) and ``outputs`` (core -> frontend). Messages are msgspec structs in
+``requests`` (frontend -> core) and ``outputs`` (core -> frontend); the frontend passes their
+addresses and its configuration to the core in the environment (:data:`CONFIG_ENV`,
+:data:`REQUESTS_ENV`, :data:`OUTPUTS_ENV`). Messages are msgspec structs in
 msgpack, tagged so one decoder reads any of them. Token ids travel, never text: the frontend
 tokenizes, detokenizes and matches stop strings; the core schedules, runs the model and samples.
 
@@ -31,6 +33,13 @@ from lmforge.engines.protocol import SamplingParams, StructuredOutput
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
+
+CONFIG_ENV = "LMFORGE_LMI_DIST_CORE_CONFIG"
+"""The core's environment: the :class:`~lmforge.config.ServingConfig`, as JSON."""
+REQUESTS_ENV = "LMFORGE_LMI_DIST_CORE_REQUESTS"
+"""The core's environment: the ``ipc://`` address of the ``requests`` pipe (frontend -> core)."""
+OUTPUTS_ENV = "LMFORGE_LMI_DIST_CORE_OUTPUTS"
+"""The core's environment: the ``ipc://`` address of the ``outputs`` pipe (core -> frontend)."""
 
 SOCKET_FOLDER_PREFIX = "lmforge-core-"
 
