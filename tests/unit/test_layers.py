@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "models": 0,
     "process": 0,
     "import_cache": 0,
+    "reachins": 0,
     "paths": 0,
     # LoRA adapters as data and checks
     "adapters": 1,

@@ -18,8 +18,42 @@ def test_a_missing_private_method_stops_the_start_naming_it(monkeypatch: pytest.
     from transformers.generation.continuous_batching.model_runner import ModelRunner
 
     monkeypatch.delattr(ModelRunner, "_sample")
-    with pytest.raises(LmforgeError, match=r"lacks ModelRunner\._sample.*tested with transformers 5\.19"):
+    with pytest.raises(
+        LmforgeError, match=r"lacks [\w.]*ModelRunner\._sample.*tested against transformers 5\.19"
+    ):
         compat.check_classes()
+
+
+@pytest.mark.parametrize(
+    ("owner", "name"),
+    [
+        ("requests:FutureRequestState", "query_length"),
+        ("continuous_api:OutputRouter", "deliver_batch"),
+        ("cb_logits_processors:ContinuousBatchingLogitsProcessorList", "prepare_tensor_args"),
+    ],
+)
+def test_each_reach_in_fails_the_start_naming_it_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch, owner: str, name: str
+) -> None:
+    """An upstream rename of what LMI-Dist overrides or reads stops the start (it would hang requests)."""
+    from lmforge.reachins import resolve
+
+    cls = resolve(f"transformers.generation.continuous_batching.{owner}")
+    monkeypatch.delattr(cls, name)
+    with pytest.raises(LmforgeError) as caught:
+        compat.check_classes()
+    text = str(caught.value)
+    assert f"{owner.split(':')[1]}.{name}" in text
+    assert "transformers 5.19" in text and "tested against transformers 5.19.x" in text
+    reason = next(r.why for r in compat.REACHES if r.owner.endswith(owner) and name in r.names)
+    assert reason and reason in text
+
+
+def test_every_entry_resolves_on_the_installed_transformers_and_torch() -> None:
+    from lmforge.reachins import missing
+
+    assert missing(compat.REACHES) == []
+    assert missing(compat.TORCH_OPTIONAL) == []
 
 
 def test_the_managers_attributes_are_checked_once_it_exists() -> None:
@@ -29,7 +63,8 @@ def test_the_managers_attributes_are_checked_once_it_exists() -> None:
         background_thread_status=status,
         output_router=None,
         _generation_thread=None,
-        batch_processor=types.SimpleNamespace(model_runner=runner),
+        logit_processor=None,
+        batch_processor=types.SimpleNamespace(model_runner=runner, output_router=None, cache=None),
     )
     compat.check_manager(complete)
     del complete.output_router

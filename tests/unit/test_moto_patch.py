@@ -54,13 +54,26 @@ def test_a_missing_attribute_is_named_with_the_tested_version(fake_moto: str) ->
     with pytest.raises(RuntimeError) as caught:
         check("the test's patches", reaches)
     message = str(caught.value)
-    assert f"{fake_moto}.Backend.delete," in message
+    assert f"{fake_moto}.Backend.delete;" in message
     assert f"{fake_moto}.Backend._models (set in __init__)" in message
-    assert f"{fake_moto}.Gone," in message
+    assert f"{fake_moto}.Gone." in message
     assert "Backend.create" not in message and "Backend.endpoints" not in message
-    assert (
-        f"which the test's patches relies on; it was written and tested against moto {TESTED_MOTO}" in message
-    )
+    assert message.startswith("the test's patches cannot start on moto ")
+    assert f"written and tested against moto {TESTED_MOTO}" in message
+
+
+def test_a_real_moto_attribute_planted_missing_fails_the_local_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lmforge.errors import LmforgeError
+    from lmforge.reachins import resolve
+
+    reach = next(r for r in iam_ext.REACHES if r.owner == "moto.iam.models:ManagedPolicy" and not r.set_in)
+    monkeypatch.delattr(resolve(reach.owner), reach.names[0])
+    with pytest.raises(
+        LmforgeError, match=rf"moto\.iam\.models\.ManagedPolicy\.{reach.names[0]}.*{TESTED_MOTO}"
+    ):
+        iam_ext.check_compatible()
 
 
 def test_a_patch_is_applied_once_and_keeps_moto_s_method_in_lmforge_s_table(fake_moto: str) -> None:

@@ -8,30 +8,36 @@ of its classes and read attributes of its objects. Each extension lists
 - its :class:`Reach` es: every moto attribute its patches use (methods called, attributes read or set),
 
 and :func:`check` fails at start with the attributes a moto upgrade removed and the version tested.
+:class:`Reach` and the check are :mod:`lmforge.reachins`'s (one record and one check for every library
+lmforge reaches into); the moto tables are the extensions' ``REACHES``, checked by each extension's
+``check_compatible`` when the local SageMaker installs it.
 :func:`apply` installs patches once per process and keeps the replaced methods in lmforge's own table
 (:func:`original`), not on moto's classes.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lmforge import reachins
+from lmforge.reachins import Reach, resolve
+
+__all__ = [
+    "TESTED_MOTO",
+    "Patch",
+    "Reach",
+    "apply",
+    "check",
+    "missing",
+    "original",
+    "patched_reaches",
+    "resolve",
+]
+
 #: the moto release lmforge's patches were written and tested against (the ``local`` extra pins it)
 TESTED_MOTO = "5.2.5"
-
-
-@dataclass(frozen=True)
-class Reach:
-    """Attributes ``names`` of the moto object ``owner`` names (``"moto.ecr.models"`` or
-    ``"moto.ecr.models:Repository"``) that a patch relies on. ``set_in``: instance attributes, which
-    the class's (or a base's) method of that name assigns (``"__init__"``); None: on the class itself."""
-
-    owner: str
-    names: tuple[str, ...]
-    set_in: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,38 +57,9 @@ _ORIGINALS: dict[tuple[str, str], Callable[..., Any]] = {}
 _APPLIED: set[tuple[str, str]] = set()
 
 
-def resolve(path: str) -> Any:
-    """The module or class ``path`` names (``"module"`` or ``"module:Class"``)."""
-    module, _, cls = path.partition(":")
-    found: Any = importlib.import_module(module)
-    return getattr(found, cls) if cls else found
-
-
-def _assigned(owner: Any, method: str) -> set[str]:
-    names: set[str] = set()
-    for cls in getattr(owner, "__mro__", ()):
-        code = getattr(cls.__dict__.get(method), "__code__", None)
-        if code is not None:
-            names.update(code.co_names)
-    return names
-
-
 def missing(reaches: Iterable[Reach]) -> list[str]:
     """The attributes of ``reaches`` the installed moto lacks, as ``owner.name``."""
-    out: list[str] = []
-    for reach in reaches:
-        try:
-            owner = resolve(reach.owner)
-        except (ImportError, AttributeError):
-            out.append(reach.owner.replace(":", "."))
-            continue
-        assigned = _assigned(owner, reach.set_in) if reach.set_in else set()
-        out += [
-            f"{reach.owner.replace(':', '.')}.{name}" + (f" (set in {reach.set_in})" if reach.set_in else "")
-            for name in reach.names
-            if not hasattr(owner, name) and name not in assigned
-        ]
-    return out
+    return [label for label, _ in reachins.missing(reaches)]
 
 
 def patched_reaches(patches: Iterable[Patch]) -> list[Reach]:
@@ -90,15 +67,22 @@ def patched_reaches(patches: Iterable[Patch]) -> list[Reach]:
     return [Reach(p.owner, () if p.adds else (p.name,)) for p in patches]
 
 
-def check(who: str, reaches: Iterable[Reach]) -> None:
-    """Raise RuntimeError naming every attribute of ``reaches`` the installed moto lacks."""
-    if lacking := missing(reaches):
-        import moto
+def moto(who: str, reaches: Iterable[Reach] = ()) -> reachins.Library:
+    """moto as ``who`` (an extension) uses it."""
+    return reachins.Library(
+        name="moto",
+        tested=TESTED_MOTO,
+        user=who,
+        reaches=tuple(reaches),
+        fix="pip install -e '.[local]'",
+        version_module="moto",
+    )
 
-        raise RuntimeError(
-            f"moto {moto.__version__} lacks {', '.join(lacking)}, which {who} relies on; it was written "
-            f"and tested against moto {TESTED_MOTO} (pip install -e '.[local]')"
-        )
+
+def check(who: str, reaches: Iterable[Reach]) -> None:
+    """Raise :class:`lmforge.reachins.ReachError` (a RuntimeError) naming every attribute of ``reaches``
+    the installed moto lacks."""
+    reachins.check(moto(who, reaches))
 
 
 def apply(patches: Iterable[Patch]) -> None:

@@ -1,15 +1,17 @@
-"""What LMI-Dist reaches for inside transformers, checked when the engine starts.
+"""What LMI-Dist reaches for inside transformers (and torch), in one table, checked when the engine starts.
 
 LMI-Dist drives transformers' continuous batching through more than its public API: it replaces the
 model runner's ``_sample`` (:mod:`.sampler`), makes the batch processor early with
-``manager._create_batch_processor()`` (:mod:`.loading`), swaps the manager's ``OutputRouter`` for its
-own (:mod:`.core`), reads ``background_thread_status`` (``HARD_STOP``, ``local_status``,
-``fatal_error``) and the manager's ``_generation_thread``, and reads each request's
-``logit_processor_kwargs`` and ``query_length`` in the LoRA batch hook (:mod:`.lora`). These are
-private and may change in any release; the version pin in pyproject.toml is the first guard, and this
-check the second: a transformers that lacks one of them stops the engine at start with a message
-naming what is missing and the release lmforge was tested with, instead of failing (or quietly doing
-something else) at the first request.
+``manager._create_batch_processor()`` (:mod:`.loading`), subclasses ``OutputRouter`` and overrides its
+``deliver``/``deliver_batch`` (:mod:`.core`), subclasses the logits-processor list and overrides its
+``prepare_tensor_args`` (:mod:`.sampler`), reads ``background_thread_status`` and the manager's
+``_generation_thread``, reads each request's ``logit_processor_kwargs`` and ``query_length`` in the
+LoRA batch hook (:mod:`.lora`), and reads the paged cache's per-layer views in its attention
+(:mod:`.attention`). These are private and may change in any release; the version pin in
+pyproject.toml is the first guard, and :data:`TRANSFORMERS` the second: every one of them is an entry
+there, and :func:`check_classes` (the engine core's start, before the model loads) stops the start with
+a message naming what is missing, the installed and tested releases and why LMI-Dist needs it, instead
+of a request that hangs (an override transformers no longer calls) or fails later.
 """
 
 from __future__ import annotations
@@ -17,77 +19,139 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lmforge.errors import LmforgeError
+from lmforge.reachins import Library, Reach, ReachError, check
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
 #: the transformers release LMI-Dist is written and tested against (pyproject.toml pins it)
 TESTED = "5.19"
 
+_CB = "transformers.generation.continuous_batching"
+_API = f"{_CB}.continuous_api"
+_HANG = "overridden by LMI-Dist: renamed upstream, the override is never called and requests hang"
 
-def _missing(owner: Any, names: tuple[str, ...], label: str) -> list[str]:
-    return [f"{label}.{name}" for name in names if not hasattr(owner, name)]
+#: every attribute of transformers LMI-Dist relies on
+REACHES: tuple[Reach, ...] = (
+    Reach(_API, ("ContinuousBatchingManager", "OutputRouter", "BackgroundThreadStatus"), "the engine loop"),
+    Reach(
+        f"{_API}:ContinuousBatchingManager",
+        ("_create_batch_processor", "warmup", "start"),
+        "loading.py makes the batch processor before the warm-up, to size the KV cache",
+    ),
+    Reach(
+        f"{_API}:ContinuousBatchingManager",
+        ("background_thread_status", "output_router", "_generation_thread", "batch_processor"),
+        "core.py and follower.py read the loop's state and swap the router",
+        set_in="__init__",
+    ),
+    Reach(
+        f"{_API}:ContinuousBatchingManager",
+        ("logit_processor",),
+        "sampler.install replaces the manager's logits processors with LMI-Dist's sampler",
+        set_in="__init__",
+    ),
+    Reach(f"{_API}:OutputRouter", ("deliver", "deliver_batch"), f"core.CoreRouter: {_HANG}"),
+    Reach(f"{_API}:BackgroundThreadStatus", ("HARD_STOP", "local_status"), "core.py: has the loop died"),
+    Reach(f"{_API}:BackgroundThreadStatus", ("fatal_error",), "the loop's error", set_in="__init__"),
+    Reach(
+        f"{_API}:ContinuousBatchProcessor",
+        ("model_runner", "output_router", "cache"),
+        "loading.py and core.py reach the runner, the router and the cache",
+        set_in="__init__",
+    ),
+    Reach(f"{_CB}.model_runner:ModelRunner", ("_sample",), "sampler.take_choices replaces it"),
+    Reach(
+        f"{_CB}.model_runner:ModelRunner",
+        ("do_sample", "return_logprobs"),
+        "sampler.take_choices reads them",
+        set_in="__init__",
+    ),
+    Reach(f"{_CB}.model_runner", ("infer_max_single_request_tokens",), "loading.py sizes requests"),
+    Reach(
+        f"{_CB}.cb_logits_processors:ContinuousBatchingLogitsProcessorList",
+        ("prepare_tensor_args",),
+        f"sampler._Processors (the LoRA batch hook): {_HANG}",
+    ),
+    Reach(
+        f"{_CB}.cb_logits_processors:ContinuousBatchingLogitsProcessorList",
+        ("tensors_required",),
+        "sampler.install sets it",
+        set_in="__init__",
+    ),
+    Reach(f"{_CB}.requests:RequestState", ("logit_processor_kwargs",), "per-request sampling and LoRA"),
+    Reach(
+        f"{_CB}.requests:FutureRequestState",
+        ("state", "query_length"),
+        "lora.LoraLayers.on_batch: the step's rows per adapter",
+    ),
+    Reach(f"{_CB}.requests:RequestStatus", ("FINISHED", "FAILED"), "core.CoreRouter"),
+    Reach(f"{_CB}.cache:PagedAttentionCache", ("layer_to_allocator",), "attention.py", set_in="__init__"),
+    Reach(
+        f"{_CB}.cache_allocators.full_attention:FullAttentionCacheAllocator",
+        ("_kv_token_views",),
+        "attention.py writes and reads the cache through the per-layer views",
+        set_in="register_cache_tensor",
+    ),
+    Reach("transformers.modeling_utils", ("ALL_ATTENTION_FUNCTIONS", "AttentionInterface"), "lean_layers.py"),
+    Reach("transformers.modeling_utils:AttentionInterface", ("get_interface",), "lean_layers._attention"),
+    Reach(
+        "transformers.configuration_utils:PretrainedConfig",
+        ("_attn_implementation",),
+        "lean_layers._attention picks the layer's attention function as its forward does",
+        set_in="__init__",
+    ),
+)
+
+#: transformers, as LMI-Dist uses it
+TRANSFORMERS = Library(
+    name="transformers",
+    tested=f"{TESTED}.x",
+    user="lmi-dist",
+    reaches=REACHES,
+    fix=f"Install the version lmforge pins (pip install 'transformers=={TESTED}.*'), or use "
+    "option.rolling_batch=vllm",
+    version_module="transformers",
+)
+
+#: torch's oneDNN ops the prepacked CPU linears call (cpu_linear.py checks them before it prepacks, and
+#: serves unpacked without them): listed here so that the table is complete
+TORCH_OPTIONAL: tuple[Reach, ...] = (
+    Reach("torch:ops.mkldnn", ("_reorder_linear_weight", "_linear_pointwise"), "cpu_linear.py (optional)"),
+)
 
 
 def check_classes() -> None:
-    """Before the model loads: the classes and class attributes LMI-Dist reaches for."""
-    import transformers
-
-    missing: list[str] = []
-    try:
-        from transformers.generation.continuous_batching import continuous_api, model_runner, requests
-    except ImportError as exc:
-        _fail(transformers.__version__, [f"transformers.generation.continuous_batching ({exc})"])
-    manager = getattr(continuous_api, "ContinuousBatchingManager", None)
-    classes = ("ContinuousBatchingManager", "OutputRouter", "BackgroundThreadStatus")
-    missing += _missing(continuous_api, classes, "continuous_api")
-    if manager is not None:
-        missing += _missing(
-            manager, ("_create_batch_processor", "warmup", "start"), "ContinuousBatchingManager"
-        )
-    status = getattr(continuous_api, "BackgroundThreadStatus", None)
-    if status is not None:
-        missing += _missing(status, ("HARD_STOP", "local_status"), "BackgroundThreadStatus")
-    runner = getattr(model_runner, "ModelRunner", None)
-    if runner is None:
-        missing.append("model_runner.ModelRunner")
-    else:
-        missing += _missing(runner, ("_sample",), "ModelRunner")
-    state = getattr(requests, "RequestState", None)
-    if state is None or "logit_processor_kwargs" not in getattr(state, "__dataclass_fields__", {}):
-        missing.append("requests.RequestState.logit_processor_kwargs")
-    if missing:
-        _fail(transformers.__version__, missing)
-    if not transformers.__version__.startswith(TESTED + "."):
+    """Before the model loads: everything in :data:`TRANSFORMERS`."""
+    check(TRANSFORMERS)
+    installed = TRANSFORMERS.installed()
+    if not installed.startswith(TESTED + "."):
         log.warning(
             "lmi-dist: transformers %s; lmforge is tested with %s.x (what it reaches for is there)",
-            transformers.__version__,
+            installed,
             TESTED,
         )
 
 
 def check_manager(manager: Any) -> None:
-    """Once the batch processor exists: the instance attributes LMI-Dist reads and replaces."""
-    import transformers
-
-    read = ("background_thread_status", "output_router", "_generation_thread", "batch_processor")
-    missing = _missing(manager, read, "ContinuousBatchingManager")
+    """Once the batch processor exists: the instance attributes of :data:`REACHES` on the objects
+    themselves (the table's ``set_in`` check reads the methods' code; this reads what they made)."""
+    lacking: list[tuple[str, Reach]] = []
     processor = getattr(manager, "batch_processor", None)
-    runner = getattr(processor, "model_runner", None)
-    if runner is None:
-        missing.append("ContinuousBatchProcessor.model_runner")
-    else:
-        missing += _missing(runner, ("_sample", "do_sample", "return_logprobs"), "ModelRunner")
-    status = getattr(manager, "background_thread_status", None)
-    if status is not None:
-        missing += _missing(status, ("fatal_error",), "BackgroundThreadStatus")
-    if missing:
-        _fail(transformers.__version__, missing)
+    objects = {
+        f"{_API}:ContinuousBatchingManager": manager,
+        f"{_API}:BackgroundThreadStatus": getattr(manager, "background_thread_status", None),
+        f"{_API}:ContinuousBatchProcessor": processor,
+        f"{_CB}.model_runner:ModelRunner": getattr(processor, "model_runner", None),
+    }
+    for reach in REACHES:
+        if reach.owner in objects and reach.methods:
+            target = objects[reach.owner]
+            lacking += [
+                (f"{reach.label.rsplit('.', 1)[-1]}.{name}", reach)
+                for name in reach.names
+                if target is None or not hasattr(target, name)
+            ]
+    if lacking:
+        from lmforge.reachins import message
 
-
-def _fail(version: str, missing: list[str]) -> None:
-    raise LmforgeError(
-        f"lmi-dist cannot run on transformers {version}: it lacks {', '.join(missing)}, which LMI-Dist "
-        f"uses (tested with transformers {TESTED}.x). Install the version lmforge pins "
-        f"(pip install 'transformers=={TESTED}.*'), or use option.rolling_batch=vllm"
-    )
+        raise ReachError(message(TRANSFORMERS, lacking))

@@ -1,0 +1,142 @@
+"""What lmforge reaches for inside the libraries it drives, in one table per library, checked at start.
+
+lmforge uses more than the public API of a few libraries: transformers' continuous batching (LMI-Dist),
+vLLM's internals (its plugins and the engine), moto's backends (the local SageMaker),
+``importlib.metadata`` and transformers' import scans (:mod:`lmforge.import_cache`), and pytest and
+pytest-xdist (the test suite's grouping). Each such use is one :class:`Reach`: the module or class, the
+attribute names, and why lmforge needs them (the upstream issue, or what would break). Each library has
+one :class:`Library`: its tested version and its reaches. The component that uses a library calls
+:func:`check` on its table when it starts (the LMI-Dist engine core, the vLLM engine, the local
+SageMaker, the test session), so an upstream rename stops that start with a message naming the missing
+attribute, the installed and tested versions and the reason, instead of hanging a request or quietly
+doing something else later. Checking imports only the modules a table names, and only when called:
+this module imports nothing of the libraries itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Attributes ``names`` of ``owner`` that lmforge relies on.
+
+    ``owner``: a module (``"vllm.v1.engine.utils"``) or a class in one (``"moto.ecr.models:Repository"``,
+    dotted for a nested class). ``set_in``: the names are instance attributes that these methods of the
+    class (or of a base) assign, so they are looked for in those methods' code, not on the class.
+    ``why``: what relies on them, or the upstream issue that makes lmforge reach for them."""
+
+    owner: str
+    names: tuple[str, ...] = ()
+    why: str = ""
+    set_in: str | tuple[str, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return self.owner.replace(":", ".")
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        if self.set_in is None:
+            return ()
+        return (self.set_in,) if isinstance(self.set_in, str) else self.set_in
+
+
+@dataclass(frozen=True)
+class Library:
+    """One library's reaches. ``tested``: the release lmforge was written and tested against (what
+    pyproject.toml pins); ``user``: the lmforge component that needs them; ``fix``: what to do."""
+
+    name: str
+    tested: str
+    user: str
+    reaches: tuple[Reach, ...] = field(default=())
+    fix: str = ""
+    #: the module whose ``__version__`` is the installed version (default: the distribution's metadata)
+    version_module: str | None = None
+
+    def installed(self) -> str:
+        """The installed release, or ``"(not installed)"``."""
+        if self.version_module is not None:
+            try:
+                return str(getattr(importlib.import_module(self.version_module), "__version__", "?"))
+            except ImportError:
+                return "(not installed)"
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version(self.name)
+        except PackageNotFoundError:
+            return "(not installed)"
+
+
+class ReachError(LmforgeError, RuntimeError):
+    """A library lacks what lmforge reaches for: the start stops here."""
+
+
+def resolve(path: str) -> Any:
+    """The module or class ``path`` names (``"module"``, ``"module:Class"``, ``"module:Class.Inner"``)."""
+    module, _, attrs = path.partition(":")
+    found: Any = importlib.import_module(module)
+    for attr in attrs.split(".") if attrs else ():
+        found = getattr(found, attr)
+    return found
+
+
+def _assigned(owner: Any, methods: tuple[str, ...]) -> set[str]:
+    """The attribute names the code of ``methods`` (on ``owner`` or a base) uses."""
+    names: set[str] = set()
+    for cls in getattr(owner, "__mro__", ()):
+        for method in methods:
+            code = getattr(cls.__dict__.get(method), "__code__", None)
+            if code is not None:
+                names.update(code.co_names)
+    return names
+
+
+def has(owner: Any, name: str, methods: tuple[str, ...] = ()) -> bool:
+    """Whether ``owner`` has ``name``: an attribute, a dataclass field, or a name ``methods`` assign."""
+    if hasattr(owner, name) or name in getattr(owner, "__dataclass_fields__", {}):
+        return True
+    return bool(methods) and name in _assigned(owner, methods)
+
+
+def missing(reaches: Iterable[Reach]) -> list[tuple[str, Reach]]:
+    """What of ``reaches`` is not there, as (``owner.name``, its reach)."""
+    out: list[tuple[str, Reach]] = []
+    for reach in reaches:
+        try:
+            owner = resolve(reach.owner)
+        except (ImportError, AttributeError):
+            out.append((reach.label, reach))
+            continue
+        where = f" (set in {', '.join(reach.methods)})" if reach.methods else ""
+        out += [
+            (f"{reach.label}.{name}{where}", reach)
+            for name in reach.names
+            if not has(owner, name, reach.methods)
+        ]
+    return out
+
+
+def message(library: Library, lacking: list[tuple[str, Reach]]) -> str:
+    """What :func:`check` says: each missing attribute with its reason, both versions, the fix."""
+    items = "; ".join(f"{label}" + (f" ({reach.why})" if reach.why else "") for label, reach in lacking)
+    text = (
+        f"{library.user} cannot start on {library.name} {library.installed()}: it lacks {items}. "
+        f"{library.user} was written and tested against {library.name} {library.tested}"
+    )
+    return f"{text}. {library.fix}" if library.fix else text
+
+
+def check(library: Library, reaches: Iterable[Reach] | None = None) -> None:
+    """Raise :class:`ReachError` naming every attribute of ``library``'s table (or of ``reaches``) the
+    installed release lacks."""
+    if lacking := missing(library.reaches if reaches is None else reaches):
+        raise ReachError(message(library, lacking))
