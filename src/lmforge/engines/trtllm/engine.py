@@ -255,7 +255,7 @@ class TrtllmEngine(EngineBase):
             ids, sampling_params=self._sampling_params(params), lora_request=lora, streaming=True
         )
         self._running += 1
-        state = TokenStream(self._tokenizer, params.stop, len(ids))
+        stream = TokenStream(self._tokenizer, params.stop, len(ids))
         if lora is not None:  # counted until the stream ends: remove_adapter waits for these
             self._loras.begin(lora.lora_int_id)
         seen = 0
@@ -271,22 +271,22 @@ class TrtllmEngine(EngineBase):
                     if output.finished
                     else None
                 )
-                for event in state.step(tokens, done, f"finish_reason={completion.finish_reason!r}"):
+                for event in stream.step(tokens, done, f"finish_reason={completion.finish_reason!r}"):
                     yield event
-                if state.finished:
+                if stream.finished:
                     return
-            if not state.finished:  # the results ended unfinished: TensorRT-LLM cancelled the request
-                for event in state.end(FinishReason.ABORT):
+            if not stream.finished:  # the results ended unfinished: TensorRT-LLM cancelled the request
+                for event in stream.end(FinishReason.ABORT):
                     yield event
         except Exception as exc:  # TensorRT-LLM raises a request's error while it is iterated
             log.error("TensorRT-LLM request %s failed: %s: %s", rid, type(exc).__name__, exc)
             if self._executor_down():
                 self._dead = f"{type(exc).__name__}: {exc}"
             status = ERROR_TABLE["engine_dead" if self._dead else "model_error"].status
-            for event in state.end(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status):
+            for event in stream.end(FinishReason.ERROR, f"TensorRT-LLM failed the request: {exc}", status):
                 yield event
         finally:
-            if not state.finished:  # the stream was closed early: the request stops in TensorRT-LLM
+            if not stream.finished:  # the stream was closed early: the request stops in TensorRT-LLM
                 result.abort()
             self._running -= 1
             if lora is not None:
