@@ -399,10 +399,12 @@ def test_a_grammar_that_cannot_be_built_answers_the_request(failure: Exception, 
     core = Core(ServingConfig(), push)
     submitted: list[str] = []
     manager = SimpleNamespace(add_request=lambda *args, **kw: submitted.append(kw["request_id"]))
-    core.built = SimpleNamespace(sampler=RequestSampler(grammars), manager=manager)  # type: ignore[assignment]
+    core.built = SimpleNamespace(  # type: ignore[assignment]
+        sampler=RequestSampler(grammars), manager=manager, eos_ids=[2]
+    )
     core.router = SimpleNamespace(tracks={})
     params = SamplingParams(max_new_tokens=4, structured=StructuredOutput("json_object"))
-    core.add(ipc.Add("r1", [1, 2, 3], ipc.encode_params(params), []))
+    core.add(ipc.Add("r1", [1, 2, 3], ipc.Sampling.of(params)))
     core._helper.shutdown(wait=True)
     assert submitted == [] and core.router.tracks == {}
     [message] = sent

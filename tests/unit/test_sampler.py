@@ -8,15 +8,17 @@ import math
 import pytest
 import torch
 
-from lmforge.engines.lmi_dist.sampler import RequestSampler, _decode, _reshapes, _Row, request_kwargs
+from lmforge.engines.lmi_dist import ipc
+from lmforge.engines.lmi_dist.sampler import PARAMS_KWARG, RequestSampler, _reshapes, _Row, request_kwargs
 from lmforge.engines.protocol import SamplingParams, StructuredOutput
 
 EOS = [0]
 
 
 def pick(logits: list[float], p: SamplingParams, *, draw: int = 5, generated: list[int] | None = None) -> int:
-    row = _Row(key=1, params=p, draw=draw, history=None, generated=generated)
-    return int(RequestSampler._pick(torch.tensor(logits), p, row, EOS))
+    sampling = ipc.Sampling.of(p)
+    row = _Row(key=1, params=sampling, draw=draw, history=None, generated=generated)
+    return int(RequestSampler._pick(torch.tensor(logits), sampling, row, EOS))
 
 
 def test_logit_bias_is_added_before_the_choice() -> None:
@@ -40,7 +42,7 @@ def test_min_tokens_holds_end_of_sequence_back() -> None:
     logits = [9.0, 1.0, 2.0]
     p = SamplingParams(max_new_tokens=8, min_new_tokens=3)
     assert [pick(logits, p, draw=d) for d in range(5)] == [2, 2, 2, 0, 0]
-    assert not _reshapes(p, 3) and _reshapes(p, 2)
+    assert not _reshapes(ipc.Sampling.of(p), 3) and _reshapes(ipc.Sampling.of(p), 2)
 
 
 def test_min_p_drops_unlikely_tokens_when_sampling() -> None:
@@ -53,7 +55,8 @@ def test_min_p_drops_unlikely_tokens_when_sampling() -> None:
     assert seen == {0, 1}
 
 
-def test_settings_survive_the_batch_kwargs() -> None:
+def test_settings_survive_the_wire_and_the_batch_kwargs() -> None:
+    """The core decodes a request's settings once, off the wire, and the sampler reads that object."""
     p = SamplingParams(
         max_new_tokens=9,
         do_sample=True,
@@ -65,9 +68,25 @@ def test_settings_survive_the_batch_kwargs() -> None:
         min_p=0.1,
         structured=StructuredOutput("json_schema", '{"type":"object"}'),
     )
-    assert _decode(request_kwargs(3, p)["lmforge_params"]) == p
+    add = ipc.to_core.decode(ipc.encode(ipc.Add("r", [1], ipc.Sampling.of(p))))
+    assert isinstance(add, ipc.Add)
+    sampling = request_kwargs(3, add.sampling)[PARAMS_KWARG]
+    assert sampling == ipc.Sampling.of(p) and sampling is add.sampling
+    for name in ipc.Sampling.__struct_fields__:
+        assert getattr(sampling, name) == getattr(p, name), name
 
 
 @pytest.mark.parametrize("p", [SamplingParams(max_new_tokens=1), SamplingParams(max_new_tokens=1, min_p=0.5)])
 def test_plain_greedy_rows_take_the_argmax_path(p: SamplingParams) -> None:
-    assert not _reshapes(p, 0)
+    assert not _reshapes(ipc.Sampling.of(p), 0)
+
+
+def test_the_batch_manager_accepts_the_request_kwargs() -> None:
+    """transformers checks each request's logits-processor kwargs against the processors' types."""
+    from lmforge.engines.lmi_dist.sampler import LORA_KWARG, _Processors
+
+    processors = _Processors(RequestSampler(), None)
+    kwargs = request_kwargs(1, ipc.Sampling.of(SamplingParams(max_new_tokens=2)))
+    processors.check_kwargs({**kwargs, LORA_KWARG: 3})
+    with pytest.raises(TypeError, match="expected Sampling"):
+        processors.check_kwargs({**kwargs, PARAMS_KWARG: "{}"})

@@ -215,32 +215,33 @@ class Core:
             self._helper.submit(self.call, message)
 
     def add(self, message: ipc.Add) -> None:
-        from lmforge.engines.lmi_dist.sampler import LORA_KWARG, _decode, request_kwargs
+        from lmforge.engines.lmi_dist.sampler import LORA_KWARG, request_kwargs
 
         assert self.built is not None
-        params = _decode(message.params)
+        sampling = message.sampling
         key, record = self.built.sampler.register()
-        track = _Track(key, record, params.top_n)
+        track = _Track(key, record, sampling.top_n)
         self.router.tracks[message.rid] = track
-        kwargs = request_kwargs(key, message.params)
+        kwargs = request_kwargs(key, sampling)
         if message.lora:
             kwargs[LORA_KWARG] = message.lora
         manager = self.built.manager
+        ends = sampling.end_ids(self.built.eos_ids)
 
         def submit() -> None:
             manager.add_request(
                 message.prompt,
                 request_id=message.rid,
-                max_new_tokens=params.max_new_tokens,
+                max_new_tokens=sampling.max_new_tokens,
                 streaming=True,
-                eos_token_id=message.ends or -1,
+                eos_token_id=ends or -1,
                 **kwargs,
             )
 
-        if params.structured is None:
+        if sampling.structured is None:
             submit()
             return
-        constraint, sampler = params.structured, self.built.sampler
+        constraint, sampler = sampling.structured, self.built.sampler
 
         def compile_then_submit() -> None:  # compiling may take seconds: off the message loop
             try:

@@ -233,7 +233,6 @@ class LmiDistEngine(EngineBase):
         live = _Live()
         self._live[rid] = live
         stream = TokenStream(self._tokenizer, params.stop, len(prompt_ids), frozenset(params.stop_token_ids))
-        ends = [*([] if params.ignore_eos else sorted(self._eos_ids)), *params.stop_token_ids]
         self._waiting += 1
         waiting, submitted, adapter_held = True, False, False
         try:
@@ -246,11 +245,8 @@ class LmiDistEngine(EngineBase):
             waiting = False
             if live.dead_error is None:
                 self.check_health()
-                self._core.send(
-                    ipc.Add(
-                        rid, prompt_ids, ipc.encode_params(params), ends, adapter.int_id if adapter else 0
-                    )
-                )
+                sampling = ipc.Sampling.of(params)
+                self._core.send(ipc.Add(rid, prompt_ids, sampling, adapter.int_id if adapter else 0))
                 submitted = True
             while True:
                 if not live.outputs:

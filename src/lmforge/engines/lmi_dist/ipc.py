@@ -7,7 +7,8 @@ addresses and its configuration to the core in the environment (:data:`CONFIG_EN
 msgpack, tagged so one decoder reads any of them. Token ids travel, never text: the frontend
 tokenizes, detokenizes and matches stop strings; the core schedules, runs the model and samples.
 
-* frontend -> core: :class:`Add` (a request, with its sampling settings as JSON), :class:`Cancel`,
+* frontend -> core: :class:`Add` (a request: its prompt, its :class:`Sampling` settings, its
+  adapter), :class:`Cancel`,
   :class:`Call` (LoRA adapter work and statistics, answered by a :class:`Reply` with the same id),
   :class:`Shutdown`;
 * core -> frontend: :class:`Ready` (once loaded, with what the frontend must know of the model),
@@ -20,7 +21,6 @@ This module imports neither torch nor transformers: the frontend side stays ligh
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -32,6 +32,8 @@ import msgspec
 from lmforge.engines.protocol import SamplingParams, StructuredOutput
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from lmforge.adapters.spec import LoraAdapter
 
 CONFIG_ENV = "LMFORGE_LMI_DIST_CORE_CONFIG"
@@ -66,14 +68,69 @@ RUNNING, FINISHED, FAILED, REJECTED = 0, 1, 2, 3
 """:attr:`Out.status` values. REJECTED: refused before it ran (a 400, e.g. a schema that cannot compile)."""
 
 
+class Sampling(msgspec.Struct, frozen=True, array_like=True):
+    """What the engine core needs of a request's :class:`~lmforge.engines.protocol.SamplingParams`:
+    decoded (and type-checked) once when the :class:`Add` arrives, then read by the sampler every step
+    as it is (:mod:`.sampler`), and by the core for the request's length and end tokens.
+
+    The frontend keeps the rest (:data:`FRONTEND_ONLY`): stop strings, whether the sampled token's
+    log-prob is wanted (the core always reports it), and the prompt's log-probs (a :class:`Call`)."""
+
+    max_new_tokens: int
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_new_tokens: int = 0
+    seed: int | None = None
+    top_n: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    structured: StructuredOutput | None = None
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Sampling:
+        """The core's part of ``params`` (already validated by the handler), with each value of the
+        wire's type (an int temperature becomes a float, ...)."""
+        return cls(
+            max_new_tokens=int(params.max_new_tokens),
+            do_sample=bool(params.do_sample),
+            temperature=float(params.temperature),
+            top_k=int(params.top_k),
+            top_p=float(params.top_p),
+            min_p=float(params.min_p),
+            repetition_penalty=float(params.repetition_penalty),
+            presence_penalty=float(params.presence_penalty),
+            frequency_penalty=float(params.frequency_penalty),
+            logit_bias=tuple((int(t), float(b)) for t, b in params.logit_bias),
+            min_new_tokens=int(params.min_new_tokens),
+            seed=None if params.seed is None else int(params.seed),
+            top_n=int(params.top_n),
+            ignore_eos=bool(params.ignore_eos),
+            stop_token_ids=tuple(int(t) for t in params.stop_token_ids),
+            structured=params.structured,
+        )
+
+    def end_ids(self, eos_ids: Iterable[int]) -> list[int]:
+        """The token ids that end the request: the model's ``eos_ids`` unless it ignores them, then
+        its own stop token ids."""
+        return [*([] if self.ignore_eos else sorted(set(eos_ids))), *self.stop_token_ids]
+
+
+FRONTEND_ONLY = frozenset({"stop", "logprobs", "prompt_logprobs"})
+"""The :class:`~lmforge.engines.protocol.SamplingParams` fields that :class:`Sampling` leaves out."""
+
+
 class Add(msgspec.Struct, tag="add", array_like=True):
     rid: str
     """The core's id of this submission (unique for the core's lifetime)."""
     prompt: list[int]
-    params: str
-    """:func:`encode_params` of the request's SamplingParams."""
-    ends: list[int]
-    """Token ids that end the request (EOS unless ignored, plus its stop token ids)."""
+    sampling: Sampling
     lora: int = 0
     """The adapter's int id, 0 for the base model."""
 
@@ -145,23 +202,6 @@ _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
 to_core = msgspec.msgpack.Decoder(ToCore)  # type: ignore[arg-type]
 from_core = msgspec.msgpack.Decoder(FromCore)  # type: ignore[arg-type]
-
-
-def encode_params(params: SamplingParams) -> str:
-    """A request's sampling settings as canonical JSON (what the core's sampler reads per row)."""
-    data = asdict(params)
-    data["stop"] = list(params.stop)  # stop strings are the frontend's: carried only for completeness
-    return json.dumps(data, sort_keys=True)
-
-
-def decode_params(raw: str) -> SamplingParams:
-    data = json.loads(raw)
-    data["stop"] = tuple(data["stop"])
-    data["logit_bias"] = tuple((int(t), float(b)) for t, b in data.get("logit_bias", ()))
-    data["stop_token_ids"] = tuple(data.get("stop_token_ids", ()))
-    if data.get("structured") is not None:
-        data["structured"] = StructuredOutput(**data["structured"])
-    return SamplingParams(**data)
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ token itself (greedy or sampled with the request's own settings), records the mo
 that token (and top-n alternatives), and hands back scores whose argmax is that token. The manager
 runs with ``do_sample=False``, so its own argmax reproduces our choice exactly.
 
-Everything a row needs travels with the request as logits-processor kwargs (transformers threads them
-through its batch, and broadcasts them to every tensor-parallel rank), and every random draw is
-seeded by (request seed, token index). So each step is a pure function of the request: all ranks
-pick the same tokens, with no state to keep in step between processes.
+Everything a row needs travels with the request as logits-processor kwargs: its key and its
+:class:`.ipc.Sampling`, decoded once when the request reached the core and read as it is every step
+(transformers threads them through its batch, and pickles them to every tensor-parallel rank). Every
+random draw is seeded by (request seed, token index). So each step is a pure function of the
+request: all ranks pick the same tokens, with no state to keep in step between processes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,8 +30,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
-from lmforge.engines.lmi_dist.ipc import decode_params, encode_params
-from lmforge.engines.protocol import SamplingParams
+from lmforge.engines.lmi_dist.ipc import Sampling
 
 if TYPE_CHECKING:
     from lmforge.engines.structured import Grammars
@@ -44,14 +43,9 @@ LORA_KWARG = "lmforge_lora"
 _SEED_STRIDE = 1_000_003
 
 
-def request_kwargs(key: int, params: SamplingParams | str) -> dict[str, Any]:
-    """The logits-processor kwargs that carry a request's sampling settings (``params`` may already be
-    encoded by :func:`.ipc.encode_params`)."""
-    raw = params if isinstance(params, str) else encode_params(params)
-    return {KEY_KWARG: key, PARAMS_KWARG: raw}
-
-
-_decode = lru_cache(maxsize=1024)(decode_params)
+def request_kwargs(key: int, sampling: Sampling) -> dict[str, Any]:
+    """The logits-processor kwargs that carry a request's key and sampling settings."""
+    return {KEY_KWARG: key, PARAMS_KWARG: sampling}
 
 
 @dataclass
@@ -65,7 +59,7 @@ class Record:
 @dataclass
 class _Row:
     key: int
-    params: SamplingParams | None
+    params: Sampling | None
     draw: int
     """Index of the token being chosen (seeds its random draw)."""
     history: list[int] | None
@@ -77,7 +71,7 @@ class _Row:
 
 
 class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
-    supported_kwargs: dict[str, type] = {KEY_KWARG: int, PARAMS_KWARG: str, LORA_KWARG: int}  # noqa: RUF012
+    supported_kwargs: dict[str, type] = {KEY_KWARG: int, PARAMS_KWARG: Sampling, LORA_KWARG: int}  # noqa: RUF012
     ignored_kwargs: tuple[str, ...] = ()
 
     def __init__(
@@ -126,8 +120,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         for r in requests_with_new_token:
             state = r.state
             kwargs = state.logit_processor_kwargs
-            raw = kwargs.get(PARAMS_KWARG)
-            params = _decode(raw) if raw is not None else None
+            params: Sampling | None = kwargs.get(PARAMS_KWARG)
             history = generated = None
             if params is not None and params.repetition_penalty != 1.0:
                 history = [*state.initial_tokens, *state.generated_tokens]
@@ -188,7 +181,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         return out
 
     @staticmethod
-    def _pick(row: torch.Tensor, p: SamplingParams, plan: _Row, eos_ids: list[int]) -> torch.Tensor:
+    def _pick(row: torch.Tensor, p: Sampling, plan: _Row, eos_ids: list[int]) -> torch.Tensor:
         row = row.clone()
         device = row.device
         if p.logit_bias:
@@ -251,7 +244,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return index
 
 
-def _reshapes(p: SamplingParams, draw: int) -> bool:
+def _reshapes(p: Sampling, draw: int) -> bool:
     """Whether a row's choice is more than the argmax of its logits."""
     return bool(
         p.do_sample
