@@ -149,7 +149,7 @@ def _core_after(
 
 def _calls(prompts: list[tuple[list[int], int]]) -> list[ipc.Call]:
     return [
-        ipc.Call(i, "score_prompt", {"ids": ids, "top_n": n, "adapter": 0})
+        ipc.Call(i, ipc.Method.SCORE_PROMPT, {"ids": ids, "top_n": n, "adapter": 0})
         for i, (ids, n) in enumerate(prompts)
     ]
 
@@ -183,9 +183,9 @@ def test_calls_after_a_turn_are_the_next_turns_and_a_malformed_one_is_answered(
     turn are scored."""
     first = _calls(PROMPTS[:2])
     later = [
-        ipc.Call(10, "score_prompt", {"ids": PROMPTS[2][0], "top_n": PROMPTS[2][1]}),
-        ipc.Call(11, "score_prompt", {"top_n": 1}),
-        ipc.Call(12, "score_prompt", {"ids": PROMPTS[3][0], "top_n": PROMPTS[3][1]}),
+        ipc.Call(10, ipc.Method.SCORE_PROMPT, {"ids": PROMPTS[2][0], "top_n": PROMPTS[2][1]}),
+        ipc.Call(11, ipc.Method.SCORE_PROMPT, {"top_n": 1}),
+        ipc.Call(12, ipc.Method.SCORE_PROMPT, {"ids": PROMPTS[3][0], "top_n": PROMPTS[3][1]}),
     ]
     replies, forwards = _core_after(model, gate, first, later)
     assert forwards == 2

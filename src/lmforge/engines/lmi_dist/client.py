@@ -110,7 +110,7 @@ class CoreProcess:
         if self._push is not None:
             self._push.send(ipc.encode(message), copy=False)
 
-    async def call(self, method: str, **args: Any) -> Any:
+    async def call(self, method: ipc.Method, **args: Any) -> Any:
         """Run one of the core's calls and return its value; its error is raised here, as its kind."""
         if self.dead is not None:
             raise EngineDeadError(f"lmi-dist engine is dead: {self.dead}")

@@ -21,10 +21,11 @@ import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, assert_never
 
 from lmforge.engines.lmi_dist import ipc
+from lmforge.engines.lmi_dist.ipc import Method
 from lmforge.engines.lmi_dist.profiling import CoreProfiler
 from lmforge.errors import LmforgeError
 
@@ -146,13 +147,10 @@ class Core:
         freeze_startup_heap(collect=True)  # what the load made since the imports' freeze: small
         built.manager.start()
         self.built = built
-        plan = asdict(built.plan)
         self.send(
             ipc.Ready(
                 max_model_len=built.max_model_len,
                 eos_ids=built.eos_ids,
-                vocab_size=built.vocab_size,
-                plan={k: v for k, v in plan.items() if isinstance(v, (int, float, str))},
                 lora_layers=built.lora.layers() if built.lora is not None else {},
                 pid=os.getpid(),
                 world=world,
@@ -205,7 +203,7 @@ class Core:
             self.forget(message.rid)
             assert self.built is not None
             self.built.manager.cancel_request(message.rid)
-        elif message.method == "score_prompt":
+        elif message.method is Method.SCORE_PROMPT:
             with self._to_score_lock:
                 self._to_score.append(message)
                 first = len(self._to_score) == 1
@@ -335,33 +333,33 @@ class Core:
                 self.send(ipc.Reply(call_id, None, f"{type(exc).__name__}: {exc}", "model_error"))
 
     def _method(self, message: ipc.Call) -> Any:
-        """A call's value (``score_prompt`` aside: :meth:`score_waiting`)."""
+        """A call's value (:attr:`Method.SCORE_PROMPT` aside: :meth:`score_waiting`)."""
         assert self.built is not None
-        lora = self.built.lora
-        if message.method == "stats":
-            return lora.stats() if lora is not None else {}
-        if message.method == "profile_start":
+        method, args, lora = message.method, message.args, self.built.lora
+        if method is Method.PROFILE_START:
             self.profiler.start()
             return None
-        if message.method == "profile_stop":
-            return self.profiler.stop(str(message.args["path"]))
+        if method is Method.PROFILE_STOP:
+            return self.profiler.stop(str(args["path"]))
+        if method is Method.SCORE_PROMPT:
+            raise LmforgeError("score_prompt calls are answered by score_waiting")
         if lora is None:
             raise LmforgeError("LoRA adapters are not enabled in the engine core")
-        if message.method in ("install", "preload"):
-            ref = ipc.AdapterRef.from_wire(message.args["adapter"])
+        if method is Method.INSTALL or method is Method.PRELOAD:
+            ref = ipc.AdapterRef.from_wire(args["adapter"])
             lora.check(ref)
-            if message.method == "install":
+            if method is Method.INSTALL:
                 lora.install(ref)
             else:
                 lora.host_weights(ref)
             return {"load_ms": lora.last_load_ms}
-        if message.method == "uninstall":
-            lora.uninstall(int(message.args["adapter_id"]))
-        elif message.method == "forget":
-            lora.forget(int(message.args["adapter_id"]))
-        else:
-            raise LmforgeError(f"unknown engine-core call {message.method!r}")
-        return None
+        if method is Method.UNINSTALL:
+            lora.uninstall(int(args["adapter_id"]))
+            return None
+        if method is Method.FORGET:
+            lora.forget(int(args["adapter_id"]))
+            return None
+        assert_never(method)
 
     # ------------------------------------------------------------------ health and stop
 

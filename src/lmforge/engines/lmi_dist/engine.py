@@ -75,7 +75,6 @@ class LmiDistEngine(EngineBase):
     def __init__(self, config: ServingConfig, extra_options: Mapping[str, str] | None = None) -> None:
         super().__init__(config, extra_options)  # LMI-Dist takes no extra options; the config warned
         self._core: CoreProcess | None = None
-        self.plan: dict[str, Any] = {}
         self._eos_ids: frozenset[int] = frozenset()
         self._lora: LoraSlots | None = None
         self._lora_layers: dict[str, tuple[int, int]] = {}
@@ -99,7 +98,6 @@ class LmiDistEngine(EngineBase):
             await tokenizer
         self.max_model_len = ready.max_model_len
         self._eos_ids = frozenset(ready.eos_ids)
-        self.plan = ready.plan
         self._lora_layers = ready.lora_layers
         if self.config.enable_lora:
             self._lora = LoraSlots(_Installer(core), self.config.max_loras)
@@ -184,13 +182,13 @@ class LmiDistEngine(EngineBase):
     async def start_profile(self) -> None:
         """Start the PyTorch profiler in the engine core (:mod:`.profiling`)."""
         assert self._core is not None
-        await self._core.call("profile_start")
+        await self._core.call(ipc.Method.PROFILE_START)
 
     async def stop_profile(self, path: str | Path) -> dict[str, Any]:
         """Stop it, write its operator tables to ``path`` and return its summary (wall time, device-busy
         time, kernel launches, ...)."""
         assert self._core is not None
-        summary: dict[str, Any] = await self._core.call("profile_stop", path=str(path))
+        summary: dict[str, Any] = await self._core.call(ipc.Method.PROFILE_STOP, path=str(path))
         return summary
 
     # ------------------------------------------------------------------ requests
@@ -212,7 +210,10 @@ class LmiDistEngine(EngineBase):
                 "option.rolling_batch=vllm",
             )
         scored = await self._core.call(
-            "score_prompt", ids=ids, top_n=top_n, adapter=adapter.int_id if adapter is not None else 0
+            ipc.Method.SCORE_PROMPT,
+            ids=ids,
+            top_n=top_n,
+            adapter=adapter.int_id if adapter is not None else 0,
         )
         return [
             Token(tid, "", lp, top_logprobs=[(t, v) for t, v in top] if i else None)
@@ -323,13 +324,13 @@ class _Installer:
         self.core = core
 
     async def install(self, adapter: LoraAdapter) -> None:
-        await self.core.call("install", adapter=ipc.AdapterRef.of(adapter).to_wire())
+        await self.core.call(ipc.Method.INSTALL, adapter=ipc.AdapterRef.of(adapter).to_wire())
 
     async def preload(self, adapter: LoraAdapter) -> None:
-        await self.core.call("preload", adapter=ipc.AdapterRef.of(adapter).to_wire())
+        await self.core.call(ipc.Method.PRELOAD, adapter=ipc.AdapterRef.of(adapter).to_wire())
 
     async def uninstall(self, adapter_id: int) -> None:
-        await self.core.call("uninstall", adapter_id=adapter_id)
+        await self.core.call(ipc.Method.UNINSTALL, adapter_id=adapter_id)
 
     async def forget(self, adapter_id: int) -> None:
-        await self.core.call("forget", adapter_id=adapter_id)
+        await self.core.call(ipc.Method.FORGET, adapter_id=adapter_id)

@@ -9,8 +9,8 @@ tokenizes, detokenizes and matches stop strings; the core schedules, runs the mo
 
 * frontend -> core: :class:`Add` (a request: its prompt, its :class:`Sampling` settings, its
   adapter), :class:`Cancel`,
-  :class:`Call` (LoRA adapter work and statistics, answered by a :class:`Reply` with the same id),
-  :class:`Shutdown`;
+  :class:`Call` (one of the :class:`Method` calls: adapter installs and removals, prompt scores,
+  the core's profiler; answered by a :class:`Reply` with the same id), :class:`Shutdown`;
 * core -> frontend: :class:`Ready` (once loaded, with what the frontend must know of the model),
   :class:`Outputs` (every step's new tokens of every request that got one, in one message),
   :class:`Reply`, and :class:`Dead` (the generation loop or a tensor-parallel rank failed; the core
@@ -21,6 +21,7 @@ This module imports neither torch nor transformers: the frontend side stays ligh
 
 from __future__ import annotations
 
+import enum
 import os
 import shutil
 import tempfile
@@ -139,11 +140,31 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
     rid: str
 
 
+class Method(enum.StrEnum):
+    """The calls the core answers (:attr:`Call.method`); each member says what its :attr:`Call.args`
+    hold and what its :attr:`Reply.value` is."""
+
+    INSTALL = "install"
+    """``adapter`` (:meth:`AdapterRef.to_wire`): check it fits the model's layers, then put its
+    factors in them (its requests may run from then on); ``{"load_ms": float}``."""
+    PRELOAD = "preload"
+    """``adapter``: check it, then read its factors into host memory only; ``{"load_ms": float}``."""
+    UNINSTALL = "uninstall"
+    """``adapter_id``: take its factors out of the layers (its host copy stays); None."""
+    FORGET = "forget"
+    """``adapter_id``: drop its host copy (it was removed); None."""
+    SCORE_PROMPT = "score_prompt"
+    """``ids``, ``top_n``, ``adapter`` (an int id, 0 for the base model): the prompt's log-probs,
+    ``[(id, log-prob, [(id, log-prob), ...]), ...]`` (:mod:`.prompt_scores`)."""
+    PROFILE_START = "profile_start"
+    """No args: start the core's PyTorch profiler (:mod:`.profiling`); None."""
+    PROFILE_STOP = "profile_stop"
+    """``path``: stop it and write its tables there; its summary (a dict)."""
+
+
 class Call(msgspec.Struct, tag="call", array_like=True):
     call_id: int
-    method: str
-    """A method of the core's call table (``install``, ``uninstall``, ``preload``, ``forget``, ``stats``,
-    ``score_prompt``)."""
+    method: Method
     args: dict[str, Any]
 
 
@@ -182,10 +203,8 @@ class Reply(msgspec.Struct, tag="reply", array_like=True):
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     max_model_len: int
     eos_ids: list[int]
-    vocab_size: int
-    plan: dict[str, Any]
-    """The KV-cache plan (:class:`.sizing.KvCachePlan` as a dict)."""
     lora_layers: dict[str, tuple[int, int]]
+    """Each adaptable module's (input, output) sizes (empty without LoRA)."""
     pid: int
     world: int = 1
     """Tensor-parallel ranks (the core is rank 0)."""
@@ -197,6 +216,7 @@ class Dead(msgspec.Struct, tag="dead", array_like=True):
 
 ToCore = Add | Cancel | Call | Shutdown
 FromCore = Outputs | Reply | Ready | Dead
+
 
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
