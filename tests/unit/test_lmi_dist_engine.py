@@ -395,7 +395,7 @@ def test_a_grammar_that_cannot_be_built_answers_the_request(failure: Exception, 
         raise failure
 
     sent: list[Any] = []
-    push = SimpleNamespace(send=lambda raw, copy: sent.append(ipc.from_core.decode(raw)))
+    push = SimpleNamespace(send=lambda raw, copy: sent.append(ipc.decode_from_core(raw)))
     core = Core(ServingConfig(), push)
     submitted: list[str] = []
     manager = SimpleNamespace(add_request=lambda *args, **kw: submitted.append(kw["request_id"]))

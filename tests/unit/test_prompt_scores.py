@@ -122,7 +122,7 @@ def _core_after(
     from lmforge.engines.lmi_dist.core import Core
 
     sent: list[Any] = []
-    push = SimpleNamespace(send=lambda raw, copy: sent.append(ipc.from_core.decode(raw)))
+    push = SimpleNamespace(send=lambda raw, copy: sent.append(ipc.decode_from_core(raw)))
     core = Core(ServingConfig(), push)
     core.built = SimpleNamespace(model=model, gate=gate, lora=None, vocab_size=VOCAB)  # type: ignore[assignment]
     forwards: list[int] = []

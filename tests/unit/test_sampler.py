@@ -68,7 +68,7 @@ def test_settings_survive_the_wire_and_the_batch_kwargs() -> None:
         min_p=0.1,
         structured=StructuredOutput("json_schema", '{"type":"object"}'),
     )
-    add = ipc.to_core.decode(ipc.encode(ipc.Add("r", [1], ipc.Sampling.of(p))))
+    add = ipc.decode_to_core(ipc.encode(ipc.Add("r", [1], ipc.Sampling.of(p))))
     assert isinstance(add, ipc.Add)
     sampling = request_kwargs(3, add.sampling)[PARAMS_KWARG]
     assert sampling == ipc.Sampling.of(p) and sampling is add.sampling

@@ -3,8 +3,9 @@
 :class:`CoreProcess` binds the two :mod:`.ipc` pipes in a private folder, starts the core with the
 configuration in its environment, and waits for :class:`.ipc.Ready`. While it runs, one task reads
 the core's messages: a step's outputs go to the request they belong to (``on_outputs``), replies
-resolve the matching :meth:`call`, and a :class:`.ipc.Dead` or the process's exit ends everything in
-flight (``on_death``) with the reason.
+resolve the matching :meth:`call`, and a :class:`.ipc.Dead`, a message it cannot read
+(:class:`.ipc.MalformedMessage`) or the process's exit ends everything in flight (``on_death``) with
+the reason.
 """
 
 from __future__ import annotations
@@ -128,7 +129,11 @@ class CoreProcess:
         assert self._pull is not None
         while True:
             raw = await self._pull.recv(copy=False)
-            message = ipc.from_core.decode(raw.buffer)
+            try:
+                message = ipc.decode_from_core(raw.buffer)
+            except ipc.MalformedMessage as err:  # a core this frontend cannot follow: it is dead to it
+                self._died(str(err))
+                return
             if isinstance(message, ipc.Outputs):
                 self.on_outputs(message.items)
             elif isinstance(message, ipc.Reply):

@@ -9,7 +9,8 @@ Work that may take a while (compiling a request's grammar, reading an adapter's 
 helper thread, so requests and cancels keep flowing.
 
 It ends with exit code 0 after a :class:`.ipc.Shutdown`; it reports :class:`.ipc.Dead` and exits 1
-when the generation loop or a tensor-parallel rank fails, and exits 1 when the frontend is gone. With
+when the generation loop or a tensor-parallel rank fails or a message from the frontend cannot be
+read (:class:`.ipc.MalformedMessage`), and exits 1 when the frontend is gone. With
 ``option.tensor_parallel_degree`` N it is rank 0 and starts ranks 1..N-1 (:mod:`.distributed`).
 """
 
@@ -173,7 +174,13 @@ class Core:
                         raw = pull.recv(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    message = ipc.to_core.decode(raw.buffer)
+                    try:
+                        message = ipc.decode_to_core(raw.buffer)
+                    except ipc.MalformedMessage as err:  # a frontend this core cannot trust: stop
+                        log.error("lmi-dist engine core: %s", err)
+                        self.send(ipc.Dead(str(err)))
+                        self.stop()
+                        return 1
                     if isinstance(message, ipc.Shutdown):
                         self.stop()
                         return 0

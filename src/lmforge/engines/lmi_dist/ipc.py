@@ -3,18 +3,24 @@
 Two ZeroMQ PUSH/PULL pipes over ``ipc://`` sockets in a private folder, both bound by the frontend:
 ``requests`` (frontend -> core) and ``outputs`` (core -> frontend); the frontend passes their
 addresses and its configuration to the core in the environment (:data:`CONFIG_ENV`,
-:data:`REQUESTS_ENV`, :data:`OUTPUTS_ENV`). Messages are msgspec structs in
-msgpack, tagged so one decoder reads any of them. Token ids travel, never text: the frontend
-tokenizes, detokenizes and matches stop strings; the core schedules, runs the model and samples.
+:data:`REQUESTS_ENV`, :data:`OUTPUTS_ENV`). Messages are msgspec structs in msgpack, tagged so one
+decoder reads any of them, and typed all the way down: :func:`decode_to_core` and
+:func:`decode_from_core` check every field and raise :class:`MalformedMessage`, naming the field,
+for anything else. Token ids travel, never text: the frontend tokenizes, detokenizes and matches
+stop strings; the core schedules, runs the model and samples.
 
 * frontend -> core: :class:`Add` (a request: its prompt, its :class:`Sampling` settings, its
-  adapter), :class:`Cancel`,
-  :class:`Call` (one of the :class:`Method` calls: adapter installs and removals, prompt scores,
-  the core's profiler; answered by a :class:`Reply` with the same id), :class:`Shutdown`;
+  adapter), :class:`Cancel`, :class:`Call` (one of the :class:`Method` calls: adapter installs and
+  removals, prompt scores, the core's profiler; answered by a :class:`Reply` with the same id),
+  :class:`Shutdown`;
 * core -> frontend: :class:`Ready` (once loaded, with what the frontend must know of the model),
   :class:`Outputs` (every step's new tokens of every request that got one, in one message),
-  :class:`Reply`, and :class:`Dead` (the generation loop or a tensor-parallel rank failed; the core
-  exits non-zero right after).
+  :class:`Reply`, and :class:`Dead` (the generation loop or a tensor-parallel rank failed, or the
+  core could not read a message; the core exits non-zero right after).
+
+To extend the wire, add a field with a default at the end of a struct (they travel as arrays, so
+the order is the format) or a new tagged struct to :data:`ToCore` / :data:`FromCore`; both ends
+always come from one installation, so there is no older peer to stay compatible with.
 
 This module imports neither torch nor transformers: the frontend side stays light.
 """
@@ -218,10 +224,31 @@ ToCore = Add | Cancel | Call | Shutdown
 FromCore = Outputs | Reply | Ready | Dead
 
 
+class MalformedMessage(ValueError):
+    """A message that is not one of the wire's structs (a field of the wrong type, an unknown tag or
+    method, not msgpack at all); the text names the pipe and the field."""
+
+
 _encoder = msgspec.msgpack.Encoder()
 encode = _encoder.encode
-to_core = msgspec.msgpack.Decoder(ToCore)  # type: ignore[arg-type]
-from_core = msgspec.msgpack.Decoder(FromCore)  # type: ignore[arg-type]
+_to_core = msgspec.msgpack.Decoder(ToCore)  # type: ignore[arg-type]
+_from_core = msgspec.msgpack.Decoder(FromCore)  # type: ignore[arg-type]
+
+
+def decode_to_core(raw: bytes | memoryview) -> Add | Cancel | Call | Shutdown:
+    """A message on the ``requests`` pipe (frontend -> core)."""
+    try:
+        return _to_core.decode(raw)  # type: ignore[no-any-return]
+    except msgspec.DecodeError as err:
+        raise MalformedMessage(f"a malformed message from the frontend: {err}") from err
+
+
+def decode_from_core(raw: bytes | memoryview) -> Outputs | Reply | Ready | Dead:
+    """A message on the ``outputs`` pipe (core -> frontend)."""
+    try:
+        return _from_core.decode(raw)  # type: ignore[no-any-return]
+    except msgspec.DecodeError as err:
+        raise MalformedMessage(f"a malformed message from the engine core: {err}") from err
 
 
 @dataclass(frozen=True)
