@@ -216,9 +216,6 @@ class ContainerEngine:
     def tag(self, src: str, dst: str, echo: Echo | None = None) -> None:
         self._run(["tag", src, dst], echo=echo, what=f"tagging {src} as {dst}")
 
-    def remove_image(self, ref: str) -> None:
-        self._run(["rmi", "--force", ref])
-
     def untag(self, ref: str) -> None:
         """Drop the name ``ref`` (the image stays under its other names)."""
         # `podman untag IMAGE` alone drops every name of the image: name the one to drop
