@@ -249,19 +249,20 @@ def test_a_gpu_image_on_the_local_sagemaker_without_a_gpu_says_how_to_try_it_her
 ) -> None:
     """The local SageMaker runs images here: with no GPU, a GPU instance type's image cannot start,
     and the first message says so and how to try the model on this machine (not "build it")."""
-    from lmforge.cli import deploy_cmd
     from lmforge.container import build
+    from lmforge.deploy import DeployError
+    from lmforge.deploy.image_prep import refuse_gpu_image_without_gpu
     from lmforge.deploy.images import GPU_FLAVOURS
 
     monkeypatch.setattr(build, "has_nvidia_gpu", lambda: False)
     config = ServingConfig(rolling_batch=backend)
     args = (config, "ml.g5.2xlarge", Path("m"), "111122223333", "us-west-2")
-    with pytest.raises(click.ClickException) as refused:
-        deploy_cmd._refuse_gpu_image_without_gpu(GPU_FLAVOURS[backend], *args)
-    message = refused.value.message
+    with pytest.raises(DeployError) as refused:
+        refuse_gpu_image_without_gpu(GPU_FLAVOURS[backend], *args)
+    message = str(refused.value)
     assert "needs an NVIDIA GPU" in message and "has none" in message and "ml.m5.xlarge" in message
     assert says in message
     assert "container build" not in message
-    deploy_cmd._refuse_gpu_image_without_gpu("cpu", *args)  # a CPU image: nothing to say
+    refuse_gpu_image_without_gpu("cpu", *args)  # a CPU image: nothing to say
     monkeypatch.setattr(build, "has_nvidia_gpu", lambda: True)
-    deploy_cmd._refuse_gpu_image_without_gpu(GPU_FLAVOURS[backend], *args)  # a GPU here: it can run
+    refuse_gpu_image_without_gpu(GPU_FLAVOURS[backend], *args)  # a GPU here: it can run

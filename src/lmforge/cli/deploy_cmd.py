@@ -7,24 +7,18 @@ AWS by default, the local SageMaker after ``eval "$(lmforge local up --print-env
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
-from lmforge.cli.common import (
-    ARTIFACT_FORMAT,
-    account_id,
-    aws_error,
-    container_engine,
-    default_bucket,
-    push_flavour,
-    region_or_fail,
-    upload_model,
-    where,
-)
+from lmforge.cli.common import ARTIFACT_FORMAT, aws_error, region_or_fail
 from lmforge.cli.progress import note as _echo
+from lmforge.cli.progress import progress_bar, progress_to
+
+if TYPE_CHECKING:
+    from lmforge.deploy import Autoscale, Deployment, DeployResult, DeploySettings
+    from lmforge.deploy.settings import ArtifactFormat, ContainerEngineName, RoutingStrategy
 
 
 def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -109,7 +103,7 @@ def deploy_command(
     endpoint_name: str,
     instance_type: str,
     instance_count: int,
-    routing_strategy: str | None,
+    routing_strategy: RoutingStrategy | None,
     autoscale: str | None,
     autoscale_target: float,
     role_arn: str | None,
@@ -117,8 +111,8 @@ def deploy_command(
     s3_prefix: str,
     image: str | None,
     build_image: bool,
-    engine: str | None,
-    artifact_format: str,
+    engine: ContainerEngineName | None,
+    artifact_format: ArtifactFormat,
     env_items: tuple[str, ...],
     health_check_timeout: int | None,
     download_timeout: int | None,
@@ -135,289 +129,90 @@ def deploy_command(
     A compiled artifact in the folder (lmforge-compiled/, from lmforge compile or --compile) is packed
     with it; the container checks it against its own machine at every start."""
     from lmforge.aws.names import name_problem
-    from lmforge.config import ConfigError, load_config
-    from lmforge.deploy import autoscaling
-    from lmforge.deploy.endpoints import (
-        DeployError,
-        EndpointSpec,
-        delete_endpoint,
-        deploy_endpoint,
-        describe_endpoint,
-        preflight,
-        sagemaker_client,
-    )
+    from lmforge.deploy import DeploySettings
 
     environment = _env_pairs(env_items)
+    # deploy() checks the name too: here first, before --autoscale is read, as the options come
     if problem := name_problem("endpointName", endpoint_name):
         raise click.BadParameter(problem, param_hint="--endpoint-name")
-    scaling = _autoscale(autoscale, autoscale_target, instance_count, no_wait)
+    settings = DeploySettings(
+        model_dir=model_dir,
+        endpoint_name=endpoint_name,
+        instance_type=instance_type,
+        instance_count=instance_count,
+        routing_strategy=routing_strategy,
+        autoscale=_autoscale(autoscale, autoscale_target, no_wait),
+        volume_size_gb=volume_size,
+        health_check_timeout_s=health_check_timeout,
+        download_timeout_s=download_timeout,
+        region=region,
+        role_arn=role_arn,
+        image=image,
+        build_image=build_image,
+        container_engine=engine,
+        environment=environment,
+        compile_first=compile_first,
+        bucket=bucket,
+        s3_prefix=s3_prefix,
+        artifact_format=artifact_format,
+        model_config=model_config,
+        force=force,
+        replace=replace,
+        wait=not no_wait,
+    )
+    _report(_deploy(settings).result, no_wait)
+
+
+def _deploy(settings: DeploySettings) -> Deployment:
+    """:func:`lmforge.deploy.deploy` with its progress on stderr and its errors as the command's: usage
+    errors exit 2, the others 1 (AWS's refusals in one line)."""
+    from lmforge.deploy import (
+        BadSetting,
+        DeployError,
+        DeployUsageError,
+        InvalidConfiguration,
+        PlanDoesNotFit,
+        Progress,
+        deploy,
+    )
+
     try:
-        resolved = load_config(model_dir, env={})
-    except ConfigError as exc:
-        _echo(f"error: invalid configuration:\n{exc}")
+        return deploy(settings, Progress(note=_echo, bar=progress_bar, bar_to=progress_to))
+    except InvalidConfiguration as exc:
+        _echo(f"error: invalid configuration:\n{exc.error}")
         raise SystemExit(2) from None
-    region = region_or_fail(region)
-    _echo(f"[1/5] configuration OK ({model_dir}); target: {where()} in {region}")
-
-    image_uri = _image(image, resolved.config, instance_type, region, build_image, engine, model_dir)
-    if compile_first:
-        _compile_before_packing(model_dir, instance_type, image_uri, environment, engine)
-    plan = _plan(model_dir, resolved.config, instance_type, model_config, force)
-    health_timeout = health_check_timeout or (plan.health_check_timeout_s if plan else None)
-    download_timeout = download_timeout or (plan.download_timeout_s if plan else None)
-
-    role_arn = role_arn or os.environ.get("LMFORGE_ROLE_ARN")
-    if not role_arn:
-        raise click.UsageError(
-            "no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME (a role SageMaker can assume "
-            "with read access to the bucket) or set LMFORGE_ROLE_ARN"
-        )
-    sm = sagemaker_client(region)
-    try:
-        existing = describe_endpoint(sm, endpoint_name)
-        if existing is not None and existing["EndpointStatus"] == "Failed" and replace:
-            delete_endpoint(sm, endpoint_name, echo=_echo)
-        existing = preflight(sm, endpoint_name)  # refuse before uploading anything
-        target = f"s3://{bucket or default_bucket(region)}/{s3_prefix.strip('/')}"
-        upload = upload_model(model_dir, target, region, artifact_format, step="[3/5]")
-        spec = EndpointSpec(
-            endpoint_name=endpoint_name,
-            instance_type=instance_type,
-            instance_count=instance_count,
-            image_uri=image_uri,
-            role_arn=role_arn,
-            model_data=upload.model_data(),
-            environment=environment,
-            health_check_timeout_s=health_timeout,
-            download_timeout_s=download_timeout,
-            volume_size_gb=volume_size,
-            routing_strategy=routing_strategy,
-        )
-        _echo(f"[4/5] image {spec.image_uri}")
-        _echo("[5/5] deploying")
-        aas = autoscaling.client(region)
-        # SageMaker refuses to update a variant registered for autoscaling: off now, back on after
-        previous = autoscaling.suspend(aas, endpoint_name, spec.variant_name, _echo) if existing else None
-        result = deploy_endpoint(sm, spec, wait=not no_wait, echo=_echo)
-        keep = scaling or previous
-        if result.status == "InService" and keep is not None:
-            autoscaling.register(aas, endpoint_name, spec.variant_name, keep, _echo)
+    except PlanDoesNotFit:
+        _echo("error: this deployment does not fit the instance (see above); choose another instance type or")
+        _echo("       smaller limits, or pass --force to deploy anyway")
+        raise SystemExit(1) from None
+    except BadSetting as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.option) from None
+    except DeployUsageError as exc:
+        raise click.UsageError(str(exc)) from None
     except DeployError as exc:
         raise click.ClickException(str(exc)) from None
     except Exception as exc:
         raise aws_error(exc) from None
-    _report(result, no_wait)
 
 
-def _compile_before_packing(
-    model_dir: Path, instance_type: str, image_uri: str, environment: dict[str, str], engine: str | None
-) -> None:
-    """``--compile``: compile MODEL_DIR in place for vLLM, inside the image the endpoint will run (so the
-    graphs match its vLLM, torch and exact Python: :mod:`lmforge.container.compile_in_image`), with
-    the ``--env`` variables, when this machine's CPU or GPU suits the instance type
-    (:func:`lmforge.deploy.compile_match.compile_here_problem`); else say why not."""
-    from lmforge.config import ConfigError, load_config
-    from lmforge.container.compile_in_image import compile_in_image
-    from lmforge.container.engine import EngineError, detect
-    from lmforge.container.flavours import image_name
-    from lmforge.container.refs import lmforge_flavour_of
-    from lmforge.deploy.compile_match import compile_here_problem
-    from lmforge.engines.vllm.compile_manifest import current_target
-
-    skip = "      --compile: not compiling ({}); the endpoint compiles at its first start"
-    try:
-        resolved = load_config(model_dir, env=environment)
-    except ConfigError as exc:
-        _echo(skip.format(f"invalid configuration: {exc}"))
-        return
-    if resolved.config.rolling_batch != "vllm":
-        _echo(skip.format(f"option.rolling_batch={resolved.config.rolling_batch}: only vLLM compiles ahead"))
-        return
-    flavour = lmforge_flavour_of(image_uri)
-    if flavour is None:
-        _echo(
-            skip.format(f"{image_uri} is not an lmforge image, whose lmforge compile would run the compile")
-        )
-        return
-    problem = compile_here_problem(instance_type, current_target())
-    if problem is not None:
-        _echo(skip.format(problem))
-        return
-    try:
-        compile_in_image(
-            detect(engine),
-            image_name(flavour),
-            model_dir,
-            env=environment,
-            progress=lambda m: _echo(f"      {m}"),
-        )
-    except EngineError as exc:
-        raise click.ClickException(f"--compile: {exc}") from None
-
-
-def _autoscale(text: str | None, target: float, instance_count: int, no_wait: bool) -> Any:
-    """``--autoscale MIN:MAX`` checked before anything is uploaded (None without it)."""
-    from lmforge.deploy import autoscaling
+def _autoscale(text: str | None, target: float, no_wait: bool) -> Autoscale | None:
+    """``--autoscale MIN:MAX`` parsed (None without it); :func:`lmforge.deploy.deploy` checks it against
+    the instance count before anything is uploaded."""
+    from lmforge.deploy.autoscaling import Autoscale, parse_range
+    from lmforge.deploy.settings import AUTOSCALE_NEEDS_WAIT
 
     if text is None:
         return None
     if no_wait:
-        raise click.UsageError("--autoscale registers scaling once the endpoint is InService: drop --no-wait")
+        raise click.UsageError(AUTOSCALE_NEEDS_WAIT)
     try:
-        low, high = autoscaling.parse_range(text)
-        scale = autoscaling.Autoscale(low, high, target)
+        low, high = parse_range(text)
+        return Autoscale(low, high, target)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--autoscale") from None
-    if not low <= instance_count <= high:
-        raise click.BadParameter(
-            f"--instance-count {instance_count} is outside {low}:{high}", param_hint="--autoscale"
-        )
-    return scale
 
 
-def _image(
-    option: str | None,
-    config: Any,
-    instance_type: str,
-    region: str,
-    build: bool,
-    engine: str | None,
-    model_dir: Path,
-) -> str:
-    """The image to deploy, refused before anything is uploaded when it cannot serve ``config``; lmforge's
-    default image is checked in ECR (and built and pushed with ``build``)."""
-    from lmforge.deploy.images import ImageError, choose_image, image_problem
-
-    try:
-        account = account_id(region)
-        choice = choose_image(option, config, instance_type, region, account)
-    except ImageError as exc:
-        raise click.ClickException(str(exc)) from None
-    except Exception as exc:
-        raise aws_error(exc) from None
-    if problem := image_problem(choice, config, instance_type):
-        raise click.ClickException(f"image {choice.uri} cannot serve this model: {problem}")
-    if choice.kind == "lmforge" and choice.flavour is not None:
-        from lmforge.local.control import targeted_mode
-
-        mode = targeted_mode()
-        if mode == "process":
-            _echo(
-                f"      the local SageMaker runs in process mode: lmforge's server stands in for {choice.uri}"
-            )
-        else:
-            if mode == "image":
-                _refuse_gpu_image_without_gpu(
-                    choice.flavour, config, instance_type, model_dir, account, region
-                )
-            _ensure_in_ecr(choice.uri, choice.flavour, region, build, engine)
-    return choice.uri
-
-
-def _refuse_gpu_image_without_gpu(
-    name: str, config: Any, instance_type: str, model_dir: Path, account: str, region: str
-) -> None:
-    """The local SageMaker runs images on this machine: a GPU image cannot start where there is no
-    NVIDIA GPU. Say so first (not that the image is missing from ECR, whose build would then refuse),
-    and how to try the same model here."""
-    from lmforge.container.build import has_nvidia_gpu
-    from lmforge.container.flavours import FlavourError, load_flavour
-    from lmforge.deploy.images import CPU_FLAVOURS, lmforge_image_uri
-
-    try:
-        if not load_flavour(name).gpu or has_nvidia_gpu():
-            return
-    except FlavourError:
-        return
-    head = (
-        f"{instance_type} takes lmforge's {name} image, which needs an NVIDIA GPU, and the local SageMaker "
-        "runs endpoints on this machine, which has none (nvidia-smi finds no GPU)."
-    )
-    cpu = CPU_FLAVOURS.get(config.rolling_batch)
-    if cpu is None:
-        raise click.ClickException(
-            f"{head} option.rolling_batch={config.rolling_batch} has no CPU image; to try this model here, "
-            "set option.rolling_batch=lmi-dist (or vllm) and use a CPU instance type such as ml.m5.xlarge"
-        )
-    stand_in = lmforge_image_uri(cpu, account, region)
-    raise click.ClickException(
-        f"{head} To try this model here, either\n"
-        f"  use a CPU instance type (lmforge's {cpu} image):\n"
-        f"    lmforge deploy {model_dir} --instance-type ml.m5.xlarge ...\n"
-        f"  or keep {instance_type} with the {cpu} image standing in for the GPU image (what runs is the "
-        f"{cpu} image, not what a real {instance_type} endpoint would run):\n"
-        f"    lmforge deploy {model_dir} --instance-type {instance_type} --image {stand_in} ...\n"
-        f"Add --build-image if the {cpu} image is not in the local ECR yet."
-    )
-
-
-def _ensure_in_ecr(uri: str, flavour: str, region: str, build: bool, engine: str | None) -> None:
-    """An lmforge image named in the caller's ECR must be there: SageMaker would fail minutes later."""
-    import boto3
-
-    from lmforge.container.publish import image_in_ecr, parse_repository
-
-    name, _, tag = uri.rpartition(":")
-    repo = parse_repository(name)
-    if repo is None:
-        return  # not ECR (a local name for the local SageMaker, another registry)
-    ecr = boto3.client("ecr", region_name=repo.region)
-    try:
-        if image_in_ecr(ecr, repo, tag):
-            return
-    except Exception as exc:
-        raise aws_error(exc) from None
-    if not build:
-        raise click.ClickException(
-            f"{uri} is not in ECR yet. Build and push it first:\n"
-            f"  lmforge container build {flavour} && lmforge container push {flavour}\n"
-            f"or pass --build-image to do both now, or --image lmi for AWS's LMI image"
-        )
-    from lmforge.container.build import build_flavour
-    from lmforge.container.engine import EngineError
-
-    chosen = container_engine(engine)
-    _echo(f"      {uri} is not in ECR: building and pushing it (--build-image)")
-    try:
-        result = build_flavour(flavour, chosen, _echo)
-    except EngineError as exc:
-        raise click.ClickException(str(exc)) from None
-    prefix = repo.name.rpartition("/")[0]
-    push_flavour(chosen, flavour, result.tag, f"{repo.host}/{prefix}" if prefix else repo.host, region)
-
-
-def _plan(model_dir: Path, config: Any, instance_type: str, model_config: Path | None, force: bool) -> Any:
-    """The memory plan, echoed; exits 1 when it does not fit unless forced; None when it cannot be made."""
-    from lmforge.deploy.plan import PlanError, make_plan, render_plan
-
-    try:
-        plan = make_plan(model_dir, config, instance_type, model_config_path=model_config)
-    except PlanError as exc:
-        _echo(f"[2/5] plan skipped: {exc}")
-        return None
-    except ValueError as exc:  # not in the planning table
-        from lmforge.deploy.instances import sagemaker_instance_types
-
-        if instance_type not in sagemaker_instance_types():
-            raise click.UsageError(str(exc)) from None
-        _echo(f"[2/5] plan skipped: lmforge does not know the memory of {instance_type} (not in its table)")
-        return None
-    _echo("[2/5] plan")
-    for line in render_plan(plan).splitlines():
-        _echo("      " + line)
-    if not plan.fits:
-        if not force:
-            _echo(
-                "error: this deployment does not fit the instance (see above); choose another instance "
-                "type or"
-            )
-            _echo("       smaller limits, or pass --force to deploy anyway")
-            raise SystemExit(1)
-        _echo("warning: deploying although the plan does not fit (--force)")
-    return plan
-
-
-def _report(result: Any, no_wait: bool) -> None:
+def _report(result: DeployResult, no_wait: bool) -> None:
     name = result.endpoint_name
     if no_wait:
         click.echo(f"{name}: {result.status}")

@@ -14,9 +14,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lmforge.artifacts import MANIFEST_NAME, manifest_bytes, scan_model_folder
+
+if TYPE_CHECKING:
+    from lmforge.deploy.progress import Progress as DeployProgress
 
 SHA_METADATA = "lmforge-sha256"
 PREFIX_THRESHOLD_BYTES = 1 << 30
@@ -164,3 +167,54 @@ def upload_prefix(
     )
     total = sum(f.size for _, f in scanned)
     return UploadResult(f"s3://{bucket}/{base}/", "prefix", digest, total, counts["sent"], counts["skipped"])
+
+
+def upload_model_folder(
+    model_dir: Path,
+    target: str,
+    region: str | None,
+    artifact_format: Literal["auto", "tar.gz", "prefix"],
+    progress: DeployProgress,
+    step: str = "",
+) -> UploadResult:
+    """Validate, pack (or not: ``auto`` sends a prefix above :data:`PREFIX_THRESHOLD_BYTES`) and upload
+    ``model_dir`` under ``target`` (``s3://bucket/prefix``, the bucket created when missing), reporting
+    through ``progress``; ``step`` heads the first line (``[3/5]``). ValueError for a target that is
+    not an S3 URI; :class:`lmforge.artifacts.PackageError` for a folder that cannot be packed."""
+    import tempfile
+
+    from lmforge.artifacts import package_model
+
+    bucket, _ = split_s3_uri(target)
+    s3 = s3_client(region)
+    lead = f"{step} " if step else ""
+    pad = " " * len(lead)
+    if ensure_bucket(s3, bucket, region):
+        progress.note(f"{pad}created bucket s3://{bucket}")
+    scanned = scan_model_folder(model_dir)
+    total = sum(f.size for _, f in scanned)
+    form = artifact_format
+    if form == "auto":
+        form = "prefix" if total > PREFIX_THRESHOLD_BYTES else "tar.gz"
+    if form == "prefix":
+        progress.note(
+            f"{lead}uploading {len(scanned)} files ({total / 2**20:.1f} MB) uncompressed to {target}/"
+        )
+        with progress.bar(f"{pad}upload", total) as advance:
+            result = upload_prefix(model_dir, target, s3=s3, progress=advance)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "model.tar.gz"
+            with progress.bar_to(f"{lead}packing", total) as report:
+                packaged = package_model(model_dir, archive, progress=report)
+            size = archive.stat().st_size
+            progress.note(f"{pad}model.tar.gz {size / 2**20:.1f} MB, sha256 {packaged.sha256[:16]}")
+            with progress.bar(f"{pad}upload", size) as advance:
+                result = upload_archive(archive, packaged.sha256, target, s3=s3, progress=advance)
+    sent = (
+        "already there, nothing sent"
+        if result.sent_bytes == 0
+        else f"{result.sent_bytes / 2**20:.1f} MB sent"
+    )
+    progress.note(f"{pad}{result.uri} ({sent})")
+    return result

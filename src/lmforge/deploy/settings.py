@@ -1,0 +1,123 @@
+"""What one deployment is asked to do (:class:`DeploySettings`), the errors that stop it before
+SageMaker is asked anything, and the checks made before anything is uploaded.
+
+Messages name the settings by their ``lmforge deploy`` options (``--instance-count``, ``--no-wait``), as
+the other deploy errors do: the command is the documented way in, and its options map one to one onto
+these fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from lmforge.deploy.autoscaling import Autoscale
+from lmforge.deploy.endpoints import DeployError
+
+if TYPE_CHECKING:
+    from lmforge.config import ConfigError
+    from lmforge.deploy.plan import DeployPlan
+
+ArtifactFormat = Literal["auto", "tar.gz", "prefix"]
+RoutingStrategy = Literal["RANDOM", "LEAST_OUTSTANDING_REQUESTS"]
+ContainerEngineName = Literal["auto", "podman", "docker"]
+
+AUTOSCALE_NEEDS_WAIT = "--autoscale registers scaling once the endpoint is InService: drop --no-wait"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploySettings:
+    """One ``lmforge deploy``: the model folder, where it runs, the image, the artifacts, the checks.
+
+    Defaults are the command's. ``None`` means "decide as the command does": the role from
+    ``$LMFORGE_ROLE_ARN``, the bucket ``sagemaker-REGION-ACCOUNT``, the image from ``$LMFORGE_IMAGE_URI``
+    or lmforge's for the backend, the timeouts from the memory plan, the region from the AWS SDK."""
+
+    model_dir: Path
+    endpoint_name: str
+    """Created, or updated when it exists and is InService."""
+    instance_type: str
+    # where it runs
+    instance_count: int = 1
+    routing_strategy: RoutingStrategy | None = None
+    autoscale: Autoscale | None = None
+    """Application Auto Scaling registered on the variant once it is InService (needs ``wait``)."""
+    volume_size_gb: int | None = None
+    health_check_timeout_s: int | None = None
+    download_timeout_s: int | None = None
+    region: str | None = None
+    role_arn: str | None = None
+    # what it runs
+    image: str | None = None
+    """An image URI, ``lmi`` (AWS's LMI image for the backend) or ``lmforge``."""
+    build_image: bool = False
+    """Build and push lmforge's image to the account's ECR when it is not there yet."""
+    container_engine: ContainerEngineName | None = None
+    """For ``build_image`` and ``compile_first``."""
+    environment: Mapping[str, str] = field(default_factory=dict)
+    """The container's environment."""
+    compile_first: bool = False
+    """vLLM: compile the folder in the endpoint's image before packing, when this machine matches the
+    instance type (:mod:`lmforge.deploy.precompile`)."""
+    # the artifacts
+    bucket: str | None = None
+    s3_prefix: str = "lmforge"
+    artifact_format: ArtifactFormat = "auto"
+    # the checks
+    model_config: Path | None = None
+    """The ``config.json`` to plan with (default: the folder's)."""
+    force: bool = False
+    """Deploy even when the plan says it does not fit."""
+    replace: bool = False
+    """Delete a Failed endpoint of that name first."""
+    wait: bool = True
+    """Wait until the endpoint settles; False returns once SageMaker has accepted the request."""
+
+
+class DeployUsageError(DeployError):
+    """Settings that are missing or do not go together (the command exits 2, as for a usage error)."""
+
+
+class BadSetting(DeployUsageError):
+    """One setting's value is wrong; ``option`` is the command's option for it, when there is one."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+class InvalidConfiguration(DeployError):
+    """The folder's ``serving.properties`` (with the settings' environment unset) does not resolve."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(f"invalid configuration:\n{error}")
+        self.error = error
+
+
+class PlanDoesNotFit(DeployError):
+    """The memory plan says the model does not fit the instance type, and ``force`` was not given."""
+
+    def __init__(self, plan: DeployPlan) -> None:
+        super().__init__(
+            "this deployment does not fit the instance (see the plan); choose another instance type or "
+            "smaller limits, or deploy anyway (--force)"
+        )
+        self.plan = plan
+
+
+def check_settings(settings: DeploySettings) -> None:
+    """Refuse settings SageMaker would refuse, or that conflict, before anything is read or sent."""
+    from lmforge.aws.names import name_problem
+
+    if problem := name_problem("endpointName", settings.endpoint_name):
+        raise BadSetting(problem, "--endpoint-name")
+    scale = settings.autoscale
+    if scale is None:
+        return
+    if not settings.wait:
+        raise DeployUsageError(AUTOSCALE_NEEDS_WAIT)
+    low, high, count = scale.min_capacity, scale.max_capacity, settings.instance_count
+    if not low <= count <= high:
+        raise BadSetting(f"--instance-count {count} is outside {low}:{high}", "--autoscale")
