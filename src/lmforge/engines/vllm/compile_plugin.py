@@ -32,6 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lmforge.engines.vllm.compat import TESTED as VLLM_TESTED
+from lmforge.engines.vllm.compat import TESTED_TORCH
+
 log = logging.getLogger("vllm.plugins.lmforge_compile_cache")
 
 PLUGIN_NAME = "lmforge_compile_cache"
@@ -39,9 +42,10 @@ PORTABLE_ENV = "LMFORGE_VLLM_PORTABLE_AOT"
 """Set to 1 by lmforge for its vLLM processes: the AOT key ignores where the model folder is."""
 _PATCHED = "__lmforge_compile_cache__"
 #: the releases whose private names this module reaches (torch's bundled artifact class, vLLM's
-#: ``caching.aot_compile_hash_factors``); another release is still patched where the names are there,
-#: with a warning, and a compile that happens on a hit is caught after the start (compile_cache)
-TESTED = {"vllm": "0.32.0", "torch": "2.13.0"}
+#: ``caching.aot_compile_hash_factors``: entries of :mod:`.compat`'s tables, checked at the engine's
+#: start); another release is still patched where the names are there, with a warning, and a compile
+#: that happens on a hit is caught after the start (compile_cache)
+TESTED = {"vllm": VLLM_TESTED, "torch": TESTED_TORCH}
 
 
 def model_token(model: str) -> str | None:
@@ -124,7 +128,7 @@ def _warn_if_untested() -> None:
             installed = version(package) if package == "torch" else _vllm_version()
         except PackageNotFoundError:
             continue
-        if installed.split("+")[0] != tested:
+        if not installed.split("+")[0].startswith(f"{tested}."):
             log.warning(
                 "lmforge: the AOT compile-cache fixes were tested with %s %s, this is %s: a hit that "
                 "compiles after all is reported after the start",

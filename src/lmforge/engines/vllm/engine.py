@@ -120,6 +120,9 @@ class VllmEngine(EngineBase):
         from lmforge.process import freeze_imports
 
         kwargs = engine_kwargs(self.config, self.extra_options)  # refuses bad options before loading
+        from lmforge.engines.vllm.compat import check_at_start
+
+        await asyncio.to_thread(check_at_start)  # what lmforge reaches for inside vLLM is there
         freeze_imports()  # vLLM is imported: the server's collection at the end of the start skips it
         if self.config.tool_call_parser:
             from lmforge.engines.vllm.tool_calls import parser_class
@@ -448,7 +451,9 @@ def _no_prometheus() -> list[Any]:
     every engine step (counters, gauges and histograms per token: ~10 % of this process's CPU per
     streamed token at concurrency 1, bench/vllm_bench_parity.py) for a registry nothing reads here
     (lmforge's ``/metrics`` is its own). This stands in for it and does nothing. Where vLLM's class
-    is not the one this knows, nothing is replaced."""
+    is not the one this knows, nothing is replaced. It skips ``PrometheusStatLogger.__init__`` (that is
+    the point); :mod:`.compat` checks at the start that vLLM's stat-logger interface has no method this
+    does not override (``STAT_LOGGER_METHODS``), so none of vLLM's runs on the uninitialized object."""
     try:
         from vllm.v1.metrics.loggers import PrometheusStatLogger
     except ImportError:

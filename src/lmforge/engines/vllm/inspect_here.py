@@ -22,13 +22,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from lmforge.engines.vllm.compat import TESTED
 from lmforge.engines.vllm.cpu_plugin import on_cpu
 
 log = logging.getLogger("vllm.plugins.lmforge_cpu_inspect_here")
 
 PLUGIN_NAME = "lmforge_cpu_inspect_here"
-#: the vLLM release whose registry this was written against
-TESTED = "0.32"
 #: vLLM's module and its function that runs an inspection in a new interpreter
 MODULE = "vllm.model_executor.models.registry"
 FUNCTION = "_run_in_subprocess"

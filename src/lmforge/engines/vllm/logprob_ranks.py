@@ -23,13 +23,12 @@ import logging
 import sys
 from typing import Any
 
+from lmforge.engines.vllm.compat import TESTED
 from lmforge.engines.vllm.cpu_plugin import on_cpu
 
 log = logging.getLogger("vllm.plugins.lmforge_cpu_logprob_ranks")
 
 PLUGIN_NAME = "lmforge_cpu_logprob_ranks"
-#: the vLLM release whose sampler this was written against
-TESTED = "0.32"
 #: vLLM's module and the function of it that the sampler imports by name
 MODULE = "vllm.v1.sample.ops.logprobs"
 FUNCTION = "batched_count_greater_than"
