@@ -9,7 +9,7 @@ VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda ||
 EXTRAS  ?= server,lmi-dist,models,local,$(VLLM_EXTRA),bench,dev
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-fast test-unit test-integration test-vllm test-image test-docker lint fmt demo demo-image host-setup bench bench-real bench-images clean
+.PHONY: install test test-fast test-unit test-integration test-vllm test-image test-docker lint fmt demo demo-image host-setup bench bench-real bench-images bench-report clean
 
 # setup.py builds LMI-Dist's C library (src/lmforge/engines/lmi_dist/lora_kernel.c) into src/ with a C
 # compiler when there is one
@@ -92,43 +92,47 @@ demo-image: install host-setup
 	@PY=$(BIN)/python bash examples/demo_image.sh
 
 bench: install
-	OMP_NUM_THREADS=1 $(BIN)/python bench/serving_throughput.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/streaming_ceiling.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/cold_start.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/lora.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/routing.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.serving_throughput
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.streaming_ceiling
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.batching
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.cold_start
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.lora
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.routing
 	@# both compare against vLLM's own engine / server: only where vLLM is installed
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --api openai-chat && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/vllm_bench_parity.py && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/soak.py; \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.frontend_overhead && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.frontend_overhead --api openai && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.frontend_overhead --api openai-chat && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.vllm_bench_parity && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.engines && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.soak; \
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
-	$(BIN)/python bench/report.py
+	$(BIN)/python -m bench.report
 
 # the engines, frontend-overhead, batching, sticky-session, LoRA and cold-start scenarios on SmolLM2-135M (real
 # weights, about 35 min):
 # bench/results/*-smollm2-135m.json, side by side with the tiny model's in docs/performance.md
 bench-real: install
-	OMP_NUM_THREADS=1 $(BIN)/python bench/batching.py --model smollm2-135m --repeats 1
-	OMP_NUM_THREADS=1 $(BIN)/python bench/sessions.py --engine lmi-dist
-	OMP_NUM_THREADS=1 $(BIN)/python bench/lora.py --model smollm2-135m
-	OMP_NUM_THREADS=1 $(BIN)/python bench/lora_step.py
-	OMP_NUM_THREADS=1 $(BIN)/python bench/cold_start.py --model smollm2-135m
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.batching --model smollm2-135m --repeats 1
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.sessions --engine lmi-dist
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.lora --model smollm2-135m
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.lora_step
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.cold_start --model smollm2-135m
 	@if $(BIN)/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("vllm") is None)'; then \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/frontend_overhead.py --model smollm2-135m --rounds 3 && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/engines.py --model smollm2-135m && \
-		OMP_NUM_THREADS=1 $(BIN)/python bench/sessions.py --engine vllm; \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.frontend_overhead --model smollm2-135m --rounds 3 && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.engines --model smollm2-135m && \
+		OMP_NUM_THREADS=1 $(BIN)/python -m bench.sessions --engine vllm; \
 	else echo "vLLM is not installed: bench/frontend_overhead.py and bench/engines.py skipped"; fi
-	$(BIN)/python bench/report.py
+	$(BIN)/python -m bench.report
+
+# docs/performance.md again from bench/results/*.json, nothing measured
+bench-report:
+	$(BIN)/python -m bench.report
 
 # image sizes, cold and incremental build times, container vs host-process start (bench/results/images.json)
 bench-images: install host-setup
-	$(BIN)/python bench/images.py
-	$(BIN)/python bench/report.py
+	$(BIN)/python -m bench.images
+	$(BIN)/python -m bench.report
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .demo-image .pytest_cache .mypy_cache .ruff_cache

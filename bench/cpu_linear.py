@@ -6,20 +6,21 @@ LMI-Dist's decode step runs them (weights read from memory, not from cache, as i
 ways: ``F.linear`` for all, prepacked for all, and prepacked from ``MIN_ELEMENTS`` up (what
 :mod:`lmforge.engines.lmi_dist.cpu_linear` does). Writes bench/results/cpu-linear.json.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/cpu_linear.py
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.cpu_linear
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 #: (in, out) of one decoder layer's linears, SmolLM2-135M
 LAYER = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]
 LAYERS = 30
@@ -71,15 +72,14 @@ def main() -> int:
         )
     result = {
         "name": "cpu-linear",
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/cpu_linear.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.cpu_linear",
         "settings": {"shape": "SmolLM2-135M linears (30 layers + tied LM head), fp32", "torch_threads": 1},
         "rows": rows_out,
         "machine": machine(),
         "versions": versions(),
     }
     out = RESULTS / "cpu-linear.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    record.write(out, result, section)
     return 0
 
 
@@ -100,6 +100,10 @@ LMI-Dist prepacks from 256 k elements up (`lmforge.engines.lmi_dist.cpu_linear`)
 | --- | --- | --- | --- | --- |
 {lines}
 """
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["cpu_linear"], report(result))
 
 
 if __name__ == "__main__":

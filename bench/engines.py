@@ -10,27 +10,21 @@ bench/results/engines.json with a row per concurrency and ``ratio`` = LMI-Dist o
 vLLM output tokens/s at concurrency 32 (goal >= 1.0, floor 0.9 at every concurrency; TTFT p50 at 32
 no higher than vLLM's).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py [--rounds 3] [--model tiny|smollm2-135m]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.engines [--rounds 3] [--model tiny|smollm2-135m]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
-NAME = "engines"
-
-from bench.frontend_overhead import (  # noqa: E402
+from bench import record
+from bench.frontend_overhead import (
     INPUT_LEN,
     OUTPUT_LEN,
     lmforge_server,
@@ -38,7 +32,12 @@ from bench.frontend_overhead import (  # noqa: E402
     server_env,
     vllm_model,
 )
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name  # noqa: E402
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = record.RESULTS
+NAME = "engines"
+
 
 CONCURRENCIES = (1, 8, 32)
 #: requests per run at each concurrency (4 per client at 32, fewer alone: a run takes seconds)
@@ -128,7 +127,7 @@ def main() -> None:
     sample = runs[CONCURRENCIES[-1]]["vllm"][0]
     result = {
         "name": name,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/engines.py"
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.engines"
         + (f" --model {args.model}" if args.model != TINY else ""),
         "ratio": top["ratio"],
         "target": TARGET,
@@ -160,7 +159,7 @@ def main() -> None:
     if notes.exists():
         result["profile"] = notes.read_text().strip()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out, result, section)
     print(report(result))
     print(f"wrote {out}")
 
@@ -212,6 +211,27 @@ def _legacy_row(result: dict[str, Any]) -> dict[str, Any]:
         "ttft_ms_p50": result["ttft_ms_p50"],
         "ratio": result["ratio"],
     }
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    key = result["settings"].get("model_key", TINY)
+    what = "LMI-Dist / vLLM output tok/s at concurrency 32" + ("" if key == TINY else ", SmolLM2-135M")
+    summary = [record.summary_row(f"Engines ({what})", result["ratio"], float(result.get("target", 0.8)))]
+    rows = result.get("rows") or [_legacy_row(result)]
+    at32 = next((r for r in rows if r["concurrency"] == 32), rows[-1])
+    t, tpot, ttft = at32["output_throughput"], at32["tpot_ms_p50"], at32["ttft_ms_p50"]
+    compare = {
+        "model": "tiny" if key == TINY else "real",
+        "rows": [
+            [
+                "Engines c=32: LMI-Dist / vLLM output tok/s",
+                f"{t['lmi-dist']:.0f} / {t['vllm']:.0f} = **{at32['ratio']:.2f}x**",
+            ],
+            ["Engines c=32: TPOT p50 LMI-Dist / vLLM (ms)", f"{tpot['lmi-dist']:.1f} / {tpot['vllm']:.1f}"],
+            ["Engines c=32: TTFT p50 LMI-Dist / vLLM (ms)", f"{ttft['lmi-dist']:.0f} / {ttft['vllm']:.0f}"],
+        ],
+    }
+    return record.section(record.ORDER["engines"] + (key != TINY), report(result), summary, compare)
 
 
 if __name__ == "__main__":

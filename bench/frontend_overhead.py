@@ -14,7 +14,7 @@ SSE; ``--api openai`` loads both on the same route and framing (``/v1/completion
 bench/vllm_bench_parity.py makes the same comparison with vLLM's own load generator (``vllm bench
 serve``) on both OpenAI routes.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py [--rounds 3] [--api openai]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.frontend_overhead [--rounds 3] [--api openai]
         [--model tiny|smollm2-135m]
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -36,13 +35,13 @@ from typing import Any
 
 import httpx
 
+from bench import record
+from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, TINY, result_name, write_model
 from lmforge.testing.server import TEST_ENV, VLLM_ENV, RemoteServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, TINY, result_name, write_model  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 NAME = "frontend-overhead-vllm"
 
 
@@ -293,7 +292,7 @@ def main() -> None:
     vllm_route = routes["openai" if args.api == "lmforge" else args.api]
     result = {
         "name": name,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/frontend_overhead.py"
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.frontend_overhead"
         + (f" --api {args.api}" if args.api != "lmforge" else "")
         + (f" --model {args.model}" if args.model != TINY else ""),
         "ratio": min(row["ratio"] for row in rows),
@@ -318,9 +317,8 @@ def main() -> None:
         "runs": rounds,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out, result, section)
     print(report(result))
-    print(f"wrote {out}")
 
 
 def _us(value: float | None) -> str:
@@ -393,6 +391,41 @@ throughput with other load on the machine (time spent waiting for a core is not 
 Throughput on a shared 2-core machine moves by tens of percent from round to round (every round is
 in the result file, `output_throughput_rounds`); read the ratios with that in mind.
 """
+
+
+#: what each variant's summary row says (by the lmforge API it loads)
+_SUMMARY = {
+    "lmforge": "lmforge / `vllm serve` output tok/s, lowest",
+    "openai": "the same, both on `/v1/completions` SSE, lowest",
+    "openai-chat": "the same, both on `/v1/chat/completions` SSE, lowest",
+}
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    s = result["settings"]
+    api, key = s.get("lmforge_api", "lmforge"), s.get("model_key", TINY)
+    what = _SUMMARY[api] + ("" if key == TINY else ", SmolLM2-135M")
+    target = float(result.get("target", result.get("targets", {}).get("ratio_min", 0.98)))
+    summary = [record.summary_row(f"Frontend overhead ({what})", result["ratio"], target)]
+    rows = []
+    for row in result["rows"]:
+        c, ours, theirs = row["concurrency"], row["lmforge"], row["vllm"]
+        tput = f"{ours['output_throughput']:.0f} / {theirs['output_throughput']:.0f}"
+        rows.append(
+            [f"Frontend c={c}: lmforge / `vllm serve` output tok/s", f"{tput} = **{row['ratio']:.2f}x**"]
+        )
+        cpu = ours.get("frontend_cpu_us_per_token"), theirs.get("frontend_cpu_us_per_token")
+        if cpu[0] is not None and cpu[1] is not None:
+            rows.append(
+                [
+                    f"Frontend c={c}: frontend CPU per token lmforge / vLLM (us)",
+                    f"{cpu[0]:.0f} / {cpu[1]:.0f}",
+                ]
+            )
+    # the tiny-vs-real table sets lmforge's LMI route on both models side by side
+    compare = {"model": "tiny" if key == TINY else "real", "rows": rows} if api == "lmforge" else None
+    variant = list(_SUMMARY).index(api) + (0 if key == TINY else 3)
+    return record.section(record.ORDER["frontend_overhead"] + variant, report(result), summary, compare)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ profiler (:mod:`lmforge.engines.lmi_dist.profiling`: the model runs in that proc
 writes, per batch, the operators by host time and by device time, and the device-busy share of the
 wall time (how much of a step the GPU spends computing, the rest being host work it waits for).
 
-Usage (GPU machine): python bench/gpu_roofline.py [--shape S] [--out bench/results/gpu-roofline.json]
+Usage (GPU machine): python -m bench.gpu_roofline [--shape S] [--out bench/results/gpu-roofline.json]
 [--profile DIR]
 Without a CUDA GPU it says so and exits without measuring or writing anything.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import tempfile
@@ -37,8 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
+#: issue 17's goal: decode at batch 1 reaches this fraction of the roofline
+GOAL_BATCH_1 = 0.60
 NAME = "gpu-roofline"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 PROMPT = 128
@@ -295,7 +298,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name(0),
         "machine": machine(),
         "versions": versions(),
-        "command": f"python bench/gpu_roofline.py --shape {args.shape}",
+        "command": f"python -m bench.gpu_roofline --shape {args.shape}",
         "copy_bandwidth_bytes_per_s": bw,
         "model": model,
         "settings": {
@@ -307,10 +310,47 @@ def main() -> int:
         "rows": rows,
     }
     out = args.out or RESULTS / f"{NAME}-{args.shape}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    record.write(out, result, section)
     return 0
+
+
+def report(r: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    m = r["model"]
+    before = {row["batch"]: row for row in (r.get("before") or {}).get("rows", [])}
+    head = (
+        "| batch | decode tok/s | roofline tok/s | fraction | bytes/step (MB) | before: tok/s (fraction) |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+    )
+    rows = []
+    for x in r["rows"]:
+        was = before.get(x["batch"])
+        then = f"{was['decode_tokens_per_s']:.0f} ({was['fraction_of_roofline']:.1%})" if was else "-"
+        rows.append(
+            f"| {x['batch']} | {x['decode_tokens_per_s']:.0f} | {x['roofline_tokens_per_s']:.0f} "
+            f"| {x['fraction_of_roofline']:.1%} | {x['bytes_per_step'] / 1e6:.0f} | {then} |"
+        )
+    shape = m.get("shape", "tinyllama-1.1b")
+    history = ""
+    if r.get("before"):
+        history = f"\nBefore: commit {r['before']['commit']}; {r['before']['profile_batch_1']}.\n"
+    notes = f"\n{r['notes']}\n" if r.get("notes") else ""
+    at1 = next((x["fraction_of_roofline"] for x in r["rows"] if x["batch"] == 1), None)
+    verdict = "not measured" if at1 is None else ("met" if at1 >= GOAL_BATCH_1 else "**missed**")
+    return f"""## LMI-Dist decode vs the memory-bandwidth roofline (`bench/gpu_roofline.py`)
+
+{r["device"]}, measured copy bandwidth {r["copy_bandwidth_bytes_per_s"] / 1e9:.0f} GB/s; a
+{m["params"] / 1e9:.2f} B-parameter random Llama with {shape}'s shape in bf16,
+{r["settings"]["prompt_tokens"]}-token prompts, {r["settings"]["new_tokens"]} new tokens. Roofline =
+batch x bandwidth / (weight bytes + batch x mean context x KV bytes per token). Result:
+`bench/results/{r["name"]}.json`. Goal: >= {GOAL_BATCH_1:.0%} at batch 1 (issue 17): {verdict}.
+
+{head}{chr(10).join(rows)}
+{history}{notes}"""
+
+
+def section(r: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["gpu_roofline"], report(r))
 
 
 if __name__ == "__main__":

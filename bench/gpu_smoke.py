@@ -1,17 +1,20 @@
 """LMI-Dist on one GPU: decode throughput of a ~150 M-parameter random Llama (bf16), varlen attention on.
 
-Usage (on a GPU machine): python bench/gpu_smoke.py OUT.json. Prints and writes tokens/s at several
+Usage (on a GPU machine): python -m bench.gpu_smoke [OUT.json] (default:
+bench/results/lmi-dist-gpu-smoke.json). Prints and writes tokens/s at several
 concurrencies. A smoke test of the engine's GPU path, not the roofline study of the benchmarks issue.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from bench import record
 
 
 async def main(out_path: Path) -> None:
@@ -72,8 +75,28 @@ async def main(out_path: Path) -> None:
         "load_s": load_s,
         "rows": rows,
     }
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out_path, result, section)
+
+
+def report(g: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    rows = [f"| {r['concurrency']} | {r['tokens_per_s']:.0f} |" for r in g["rows"]]
+    notes = f"\n{g['notes']}\n" if g.get("notes") else ""
+    return f"""## LMI-Dist on one GPU (smoke, `bench/gpu_smoke.py`)
+
+One run on a lent {g["device"]} (torch {g["torch"]}): a
+{g["params"] / 1e6:.0f} M-parameter random Llama in bf16, {g["prompt_tokens"]}-token prompts,
+{g["new_tokens"]} new tokens, engine only. Result: `bench/results/lmi-dist-gpu-smoke.json`.
+
+| concurrency | output tok/s |
+| --- | --- |
+{chr(10).join(rows)}
+{notes}"""
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["gpu_smoke"], report(result))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]) if len(sys.argv) > 1 else record.RESULTS / "lmi-dist-gpu-smoke.json"))

@@ -15,14 +15,13 @@ For each flavour built here (cpu, vllm-cpu; the GPU flavours need a GPU machine)
 
 Goals (issue 13): cpu <= 1.5 GB, vllm-cpu <= 4 GB, rebuild <= 60 s, start ratio <= 1.2.
 
-Usage: python bench/images.py [--flavours cpu,vllm-cpu] [--repeats 5] [--out bench/results/images.json]
+Usage: python -m bench.images [--flavours cpu,vllm-cpu] [--repeats 5] [--out bench/results/images.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import shutil
 import statistics
@@ -34,6 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from lmforge.bench.results import machine, versions
 from lmforge.container.base import build_base
 from lmforge.container.build import build_flavour, resolve_base
@@ -42,7 +42,7 @@ from lmforge.container.flavours import load_flavour
 from lmforge.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 NAME = "images"
 GOALS = {"cpu_size_gb": 1.5, "vllm_cpu_size_gb": 4.0, "rebuild_src_s": 60.0, "start_ratio": 1.2}
 ENV = {"OMP_NUM_THREADS": "1", "OPTION_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     checks["rebuild_src_s"] = all(r["rebuild_src_s"] <= GOALS["rebuild_src_s"] for r in results)
     result = {
         "name": NAME,
-        "command": ["python", "bench/images.py", *(argv if argv is not None else sys.argv[1:])],
+        "command": ["python", "-m", "bench.images", *(argv if argv is not None else sys.argv[1:])],
         "engine": {"kind": main_engine.kind, "version": main_engine.version(), "separate_store": True},
         "machine": machine(),
         "versions": versions(),
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             3,
         ),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    _say(f"wrote {args.out}")
+    record.write(args.out, result, section)
     print(report(result))
     return 0
 
@@ -247,6 +245,12 @@ def report(result: dict[str, Any]) -> str:
     met = result["met"]
     lines += ["", "Goals: " + ", ".join(f"{k} {'met' if v else '**missed**'}" for k, v in met.items()) + "."]
     return "\n".join(lines) + "\n"
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    what = "image size, rebuild and start goals / measured, worst"
+    summary = [record.summary_row(f"Images ({what})", result["ratio"], float(result.get("target", 1.0)))]
+    return record.section(record.ORDER["images"], report(result), summary)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """LMI-Dist engine throughput with transformers' stock dense CB attention vs lmforge's per-request attention.
 
-Usage: python bench/lmi_dist_attention.py MODEL_DIR. Runs each variant in its own process (the
+Usage: python -m bench.lmi_dist_attention MODEL_DIR. Runs each variant in its own process (the
 attention override is process-wide) and writes bench/results/lmi-dist-attention.json.
 """
 
@@ -13,6 +13,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from bench import record
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(32, 50, 64), (16, 500, 32), (32, 500, 32)]  # (concurrency, prompt tokens, new tokens)
@@ -61,8 +64,8 @@ def main() -> None:
     runs = {}
     for variant in ("stock", "varlen"):
         proc = subprocess.run(
-            [sys.executable, __file__, str(model), variant],
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-m", "bench.lmi_dist_attention", str(model), variant],
+            capture_output=True, text=True, check=True, cwd=ROOT,
             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
         )  # fmt: skip
         runs[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -80,7 +83,36 @@ def main() -> None:
             f"({row['ratio']:.2f}x, same tokens: {row['same_tokens']})"
         )
     result = {"name": "lmi-dist-attention", "torch_threads": 1, "rows": rows}
-    (ROOT / "bench" / "results" / "lmi-dist-attention.json").write_text(json.dumps(result, indent=2) + "\n")
+    record.write(record.RESULTS / "lmi-dist-attention.json", result, section)
+
+
+def report(a: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    head = (
+        "| concurrency | prompt tokens | new tokens | stock tok/s | lmforge tok/s | ratio | same tokens |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    rows = [
+        f"| {r['concurrency']} | {r['prompt_tokens']} | {r['new_tokens']} | {r['stock_tokens_per_s']:.0f} "
+        f"| {r['varlen_tokens_per_s']:.0f} | {r['ratio']:.2f}x | {'yes' if r['same_tokens'] else 'NO'} |"
+        for r in a["rows"]
+    ]
+    notes = f"\n{a['notes']}\n" if a.get("notes") else ""
+    return f"""## Per-request attention in LMI-Dist (`bench/lmi_dist_attention.py`)
+
+transformers' continuous batching runs one dense attention of all query tokens against the keys of
+all requests on CPU; LMI-Dist attends each request to its own keys
+(`lmforge.engines.lmi_dist.attention`) whenever the dense call would waste more than
+`WASTE_PER_CALL` products per request, and keeps the single dense call otherwise. Engine only (no
+HTTP), greedy, best of 2 runs, each variant in its own process. Result:
+`bench/results/lmi-dist-attention.json`.
+
+{head}{chr(10).join(rows)}
+{notes}"""
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["lmi_dist_attention"], report(result))
 
 
 if __name__ == "__main__":

@@ -18,30 +18,29 @@ machine cancel, and the mixed overhead is also given as a fraction of the base T
 (lora-lmi-dist-smollm2-135m.json) has the goal of issue 17: 8 distinct rank-8 adapters in one batch
 cost at most 15 % of the base TPOT (``ratio`` = 0.15 / the worst measured fraction, >= 1 when met).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/lora.py [--model tiny|smollm2-135m] [--counts 1,10,100]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.lora [--model tiny|smollm2-135m] [--counts 1,10,100]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 NAME = "lora-lmi-dist"
 
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model  # noqa: E402
 
 NEW_TOKENS = 64
 CONCURRENCY = 8
@@ -272,7 +271,7 @@ def main() -> None:
     else:
         targets["mixed_overhead_fraction_of_base_tpot"] = TARGET_FRACTION
         ratio = TARGET_FRACTION / max(worst_fraction, 1e-3)  # >= 1 when within 15 % of base TPOT
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/lora.py" + (
+    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.lora" + (
         f" --model {args.model}" if args.model != TINY else ""
     )
     if args.model_dir is not None:
@@ -287,6 +286,7 @@ def main() -> None:
         )
         + (f" on {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
         + ", adapters r=8 on 7 projections",
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {
             "model_key": key,
             "new_tokens": NEW_TOKENS,
@@ -313,8 +313,7 @@ def main() -> None:
         result["notes"] = notes.read_text().strip()
     out = args.out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    record.write(out, result, section)
 
 
 def _fraction(level: dict[str, Any]) -> float:
@@ -381,6 +380,33 @@ def report(result: dict[str, Any]) -> str:
     if result.get("notes"):
         lines += [result["notes"], ""]
     return "\n".join(lines)
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    key = result["settings"].get("model_key", TINY)
+    if key == TINY:
+        what, variant = "LoRA adapters (per-token overhead target / worst measured)", 0
+    else:
+        goal = f"{TARGET_FRACTION * 100:.0f} % of base TPOT / worst overhead of {MAX_LORAS} mixed adapters"
+        cuda = result.get("device", "cpu") != "cpu"
+        where = f", on an {result['device']}, SmolLM2-135M's shape" if cuda else ", SmolLM2-135M"
+        what = f"LoRA adapters ({goal}{where})"
+        variant = 2 if cuda else 1
+    summary = [record.summary_row(what, result["ratio"], float(result.get("target", 1.0)))]
+    rows = []
+    for lv in result["levels"]:
+        distinct = lv["mixed_resident_adapters"]["distinct"]
+        if distinct < 2:
+            continue
+        base, over = lv["base"]["tpot_ms"], lv["overhead_ms_per_token"]["mixed_adapters"]
+        rows.append(
+            [
+                f"LoRA on LMI-Dist, {lv['adapters']} registered: base TPOT / +{distinct} mixed adapters (ms)",
+                f"{base:.1f} / {over:+.2f} = **{over / base:+.1%}**",
+            ]
+        )
+    compare = None if variant == 2 else {"model": "tiny" if key == TINY else "real", "rows": rows}
+    return record.section(record.ORDER["lora"] + variant, report(result), summary, compare)
 
 
 if __name__ == "__main__":

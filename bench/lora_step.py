@@ -17,7 +17,7 @@ Attention here is transformers' own over a ``StaticCache`` (the engine's paged a
 scheduler), so the base step is not the engine's TPOT; the LoRA layers and the linear layers are the
 engine's own code. Writes bench/results/lora-step-<model>.json.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/lora_step.py [--model smollm2-135m|tiny]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.lora_step [--model smollm2-135m|tiny]
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import types
 from pathlib import Path
 from typing import Any
 
+from bench import record
+from bench.lora import write_adapters
+from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, result_name, write_model
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as lmi_dist.client starts the engine core
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 
-from bench.lora import write_adapters  # noqa: E402
-from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, result_name, write_model  # noqa: E402
 
 SCENARIOS = ("base", "one", "mixed", "mixed-bmm")
 STEPS_PER_ROUND = 4
@@ -135,7 +135,7 @@ def main() -> int:
         print(f"{name:>5}: {statistics.median(ms[name]):7.2f} ms per step{extra}")
     result = {
         "name": result_name("lora-step", args.model),
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/lora_step.py"
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.lora_step"
         + ("" if args.model == SMOLLM2 else f" --model {args.model}"),
         "machine": machine(),
         "versions": versions(),

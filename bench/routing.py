@@ -9,7 +9,7 @@ the local runtime's ``GET /lmforge/instances``), the difference in requests in f
 two instances (sampled every 50 ms), latency mean/p50/p99 of short and of all requests.
 Writes bench/results/routing.json.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/routing.py [--requests 120] [--rounds 4] [--concurrency 6]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing [--requests 120] [--rounds 4] [--concurrency 6]
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.models import DESCRIPTIONS, TINY, write_model  # noqa: E402
+from bench import record
+from bench.models import DESCRIPTIONS, TINY, write_model
 
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+RESULTS = record.RESULTS
 STRATEGIES = ("RANDOM", "LEAST_OUTSTANDING_REQUESTS")
 SHORT_TOKENS, LONG_TOKENS, LONG_SHARE = 8, 160, 0.25
 HEADER = (
@@ -203,7 +204,7 @@ def main() -> None:
     by = {r["strategy"]: r for r in rows}
     result = {
         "name": "routing",
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/routing.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing",
         "ratio": by["RANDOM"]["latency_s_mean"] / by["LEAST_OUTSTANDING_REQUESTS"]["latency_s_mean"],
         "settings": {
             "model": DESCRIPTIONS[TINY],
@@ -220,7 +221,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
     }
     out = RESULTS / "routing.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out, result, section)
     print(f"mean latency, RANDOM / LEAST_OUTSTANDING_REQUESTS: {result['ratio']:.2f}x; wrote {out}")
 
 
@@ -253,6 +254,12 @@ sampled difference's max), which shows in the short requests' tail. The mean bar
 because both instances share this 2-core machine (one torch thread each): its total compute, not
 one instance's batch, bounds the work, which is not so for two real instances.
 """
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    what = "mean latency over 2 instances, RANDOM / LEAST_OUTSTANDING_REQUESTS"
+    summary = [record.summary_row(f"Routing ({what})", result["ratio"], float(result.get("target", 1.0)))]
+    return record.section(record.ORDER["routing"], report(result), summary)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ image is built and pushed to the local ECR first when it is not there), then Cre
 then one invocation; then the endpoint is deleted. The instances' logs give each start's
 ``compile cache`` line, kept in the result.
 
-Usage: python bench/scale_out.py [--model tiny|smollm2-135m] [--mode image|process] [--out FILE]
+Usage: python -m bench.scale_out [--model tiny|smollm2-135m] [--mode image|process] [--out FILE]
 (default FILE: bench/results/scale-out[-smollm2-135m].json)
 """
 
@@ -35,13 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model
+from lmforge import __version__
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name, write_model  # noqa: E402
-
-from lmforge import __version__  # noqa: E402
 
 PROPERTIES = """\
 option.rolling_batch={backend}
@@ -185,7 +185,7 @@ def main() -> None:
         "name": result_name("scale-out", args.model),
         "machine": machine(),
         "versions": versions(),
-        "command": "python bench/scale_out.py"
+        "command": "python -m bench.scale_out"
         + ("" if args.model == TINY else f" --model {args.model}")
         + ("" if args.mode == "image" else f" --mode {args.mode}"),
         "model": DESCRIPTIONS[args.model],
@@ -200,13 +200,11 @@ def main() -> None:
             "scale_out_to_2": round(compiled["scale_out_to_2_s"] / uncompiled["scale_out_to_2_s"], 3),
         },
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    record.write(out, result, section)
 
 
 def report(result: dict[str, Any]) -> str:
-    """The docs/performance.md section (bench/report.py)."""
+    """The markdown section of docs/performance.md for this result."""
     runs = result["runs"]
     rows = "\n".join(
         f"| {name} | {r['create_to_in_service_s']:.1f} | {r['scale_out_to_2_s']:.1f} | "
@@ -234,6 +232,10 @@ CreateEndpoint -> InService, then `UpdateEndpointWeightsAndCapacities` 1 -> 2 in
 Compiled / uncompiled: {ratio["create_to_in_service"]:.2f} of the time to InService and
 {ratio["scale_out_to_2"]:.2f} of the scale-out. Result: `bench/results/{result["name"]}.json`.
 """
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["scale_out"], report(result))
 
 
 if __name__ == "__main__":

