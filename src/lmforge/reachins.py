@@ -91,10 +91,14 @@ def resolve(path: str) -> Any:
 
 def _assigned(owner: Any, methods: tuple[str, ...]) -> set[str]:
     """The attribute names the code of ``methods`` (on ``owner`` or a base) uses."""
+    import inspect
+
     names: set[str] = set()
     for cls in getattr(owner, "__mro__", ()):
         for method in methods:
-            code = getattr(cls.__dict__.get(method), "__code__", None)
+            found = cls.__dict__.get(method)
+            # a method wrapped with functools.wraps (by a plugin of lmforge's, say): the original's code
+            code = getattr(inspect.unwrap(found) if callable(found) else found, "__code__", None)
             if code is not None:
                 names.update(code.co_names)
     return names
