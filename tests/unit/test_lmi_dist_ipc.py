@@ -154,3 +154,53 @@ def test_a_malformed_message_to_the_core_names_the_pipe_and_the_field(raw: bytes
 def test_a_malformed_message_from_the_core_names_the_pipe() -> None:
     with pytest.raises(ipc.MalformedMessage, match=r"^a malformed message from the engine core: .*\$\[1\]"):
         ipc.decode_from_core(msgspec.msgpack.encode(["dead", 5]))
+
+
+def test_the_core_answers_a_malformed_message_with_dead_and_exits_1() -> None:
+    """It cannot tell whose request it was: every stream must learn why the core stopped."""
+    import os
+    from types import SimpleNamespace
+
+    import zmq
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.core import Core
+
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    try:
+        pull.bind("inproc://malformed")
+        push.connect("inproc://malformed")
+        push.send(msgspec.msgpack.encode(["cancel", 5]))
+        sent: list[Any] = []
+        core = Core(ServingConfig(), SimpleNamespace(send=lambda raw, copy: sent.append(raw)))
+        assert core.serve(pull, os.getppid()) == 1
+    finally:
+        pull.close(linger=0)
+        push.close(linger=0)
+        context.term()
+    [dead] = [ipc.decode_from_core(raw) for raw in sent]
+    assert isinstance(dead, ipc.Dead)
+    assert dead.reason.startswith("a malformed message from the frontend: ") and "$[1]" in dead.reason
+
+
+def test_the_frontend_takes_a_malformed_message_for_the_cores_death() -> None:
+    """Its reader must not die silently, leaving every stream waiting."""
+    import asyncio
+    import shutil
+    from types import SimpleNamespace
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.client import CoreProcess
+
+    deaths: list[str] = []
+    core = CoreProcess(ServingConfig(), lambda items: None, deaths.append)
+    shutil.rmtree(core._folder)
+
+    async def recv(copy: bool) -> Any:
+        return SimpleNamespace(buffer=msgspec.msgpack.encode(["outputs", [["r1", [1], ["x"]]]]))
+
+    core._pull = SimpleNamespace(recv=recv)
+    asyncio.run(asyncio.wait_for(core._receive(), 10))
+    assert core.dead is not None and core.dead.startswith("a malformed message from the engine core: ")
+    assert deaths == [core.dead]
