@@ -108,7 +108,8 @@ def _ship(
     plan: DeployPlan | None,
     progress: Progress,
 ) -> Deployment:
-    """Steps 3 to 5: the endpoint as it is, the upload, the endpoint as asked."""
+    """Steps 3 to 5: the endpoint as it is, the upload, the endpoint as asked. A deployment of another
+    shape (an inference component on the endpoint) is one more settings field and another step 5."""
     from lmforge.artifacts import PackageError
     from lmforge.deploy import autoscaling
     from lmforge.deploy.account import default_bucket
