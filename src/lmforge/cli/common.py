@@ -4,8 +4,6 @@ ECR push. Command modules import from here and never from each other."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,24 +21,28 @@ ARTIFACT_FORMAT = click.option(
 
 
 def region_or_fail(explicit: str | None) -> str:
-    import boto3
+    """``explicit``, else the AWS SDK's region; a usage error when there is none."""
+    from lmforge.deploy.account import resolve_region
+    from lmforge.deploy.settings import DeployUsageError
 
-    region = explicit or boto3.session.Session().region_name
-    if not region:
-        raise click.UsageError("no AWS region: pass --region or set AWS_DEFAULT_REGION")
-    return str(region)
+    try:
+        return resolve_region(explicit)
+    except DeployUsageError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def default_bucket(region: str) -> str:
     """``sagemaker-REGION-ACCOUNT``, the SageMaker SDK's default bucket naming."""
-    return f"sagemaker-{region}-{account_id(region)}"
+    from lmforge.deploy.account import default_bucket as bucket_of
+
+    return bucket_of(region)
 
 
 def account_id(region: str) -> str:
     """The AWS account of the credentials boto3 finds (STS GetCallerIdentity)."""
-    import boto3
+    from lmforge.deploy.account import account_id as account_of
 
-    return str(boto3.client("sts", region_name=region).get_caller_identity()["Account"])
+    return account_of(region)
 
 
 def aws_error(exc: Exception) -> Exception:
@@ -57,65 +59,24 @@ def aws_error(exc: Exception) -> Exception:
     return exc
 
 
-def where() -> str:
-    """Which SageMaker boto3 will talk to, in words."""
-    url = os.environ.get("AWS_ENDPOINT_URL_SAGEMAKER") or os.environ.get("AWS_ENDPOINT_URL")
-    if url and url.startswith(("http://127.", "http://localhost")):
-        return f"the local SageMaker at {url}"
-    if url:
-        return f"the SageMaker API at {url}"
-    return "AWS SageMaker"
+def cli_progress() -> Any:
+    """A deployment's :class:`lmforge.deploy.progress.Progress` on the command's stderr and bars."""
+    from lmforge.deploy.progress import Progress
+
+    return Progress(note=note, bar=progress_bar, bar_to=progress_to)
 
 
 def upload_model(model_dir: Path, target: str, region: str, artifact_format: str, step: str = "") -> Any:
     """Validate, pack (or not) and upload ``model_dir`` under ``target`` with progress; an UploadResult."""
-    from lmforge.artifacts import PackageError, package_model, scan_model_folder
-    from lmforge.deploy.upload import (
-        PREFIX_THRESHOLD_BYTES,
-        ensure_bucket,
-        s3_client,
-        split_s3_uri,
-        upload_archive,
-        upload_prefix,
-    )
+    from lmforge.artifacts import PackageError
+    from lmforge.deploy.upload import upload_model_folder
 
     try:
-        bucket, _ = split_s3_uri(target)
-    except ValueError as exc:
+        return upload_model_folder(model_dir, target, region, artifact_format, cli_progress(), step)  # type: ignore[arg-type]
+    except ValueError as exc:  # not an s3:// target
         raise click.BadParameter(str(exc)) from None
-    s3 = s3_client(region)
-    lead = f"{step} " if step else ""
-    pad = " " * len(lead)
-    if ensure_bucket(s3, bucket, region):
-        note(f"{pad}created bucket s3://{bucket}")
-    try:
-        scanned = scan_model_folder(model_dir)
-        total = sum(f.size for _, f in scanned)
-        form = artifact_format
-        if form == "auto":
-            form = "prefix" if total > PREFIX_THRESHOLD_BYTES else "tar.gz"
-        if form == "prefix":
-            note(f"{lead}uploading {len(scanned)} files ({total / 2**20:.1f} MB) uncompressed to {target}/")
-            with progress_bar(f"{pad}upload", total) as advance:
-                result = upload_prefix(model_dir, target, s3=s3, progress=advance)
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                archive = Path(tmp) / "model.tar.gz"
-                with progress_to(f"{lead}packing", total) as report:
-                    packaged = package_model(model_dir, archive, progress=report)
-                size = archive.stat().st_size
-                note(f"{pad}model.tar.gz {size / 2**20:.1f} MB, sha256 {packaged.sha256[:16]}")
-                with progress_bar(f"{pad}upload", size) as advance:
-                    result = upload_archive(archive, packaged.sha256, target, s3=s3, progress=advance)
     except PackageError as exc:
         raise click.ClickException(str(exc)) from None
-    sent = (
-        "already there, nothing sent"
-        if result.sent_bytes == 0
-        else f"{result.sent_bytes / 2**20:.1f} MB sent"
-    )
-    note(f"{pad}{result.uri} ({sent})")
-    return result
 
 
 def container_engine(choice: str | None) -> Any:

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from lmforge.cli.common import ARTIFACT_FORMAT, aws_error, region_or_fail
+from lmforge.cli.common import ARTIFACT_FORMAT, aws_error, cli_progress, region_or_fail
 from lmforge.cli.progress import note as _echo
-from lmforge.cli.progress import progress_bar, progress_to
 
 if TYPE_CHECKING:
     from lmforge.deploy import Autoscale, Deployment, DeployResult, DeploySettings
@@ -172,12 +171,11 @@ def _deploy(settings: DeploySettings) -> Deployment:
         DeployUsageError,
         InvalidConfiguration,
         PlanDoesNotFit,
-        Progress,
         deploy,
     )
 
     try:
-        return deploy(settings, Progress(note=_echo, bar=progress_bar, bar_to=progress_to))
+        return deploy(settings, cli_progress())
     except InvalidConfiguration as exc:
         _echo(f"error: invalid configuration:\n{exc.error}")
         raise SystemExit(2) from None
