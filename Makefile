@@ -47,22 +47,16 @@ $(DEMO_STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.
 install-demo: $(DEMO_STAMP)
 
 # everything; the image tests (marker `image`) run where podman or docker answers (`make host-setup`).
-# pytest-xdist workers: the suite is CPU-bound here (mostly processes starting: servers, engine cores,
-# vLLM, the image build); tests that share a server stay on one worker, and the heaviest group left
-# starts first (tests/conftest.py names the groups and their weights). On 2 cores, 2 workers left
-# the CPU ~10 % idle (7 min 13 s, cold); 3 workers keep it busy (6 min 49 s and 6 min 52 s).
+# pytest-xdist workers: tests that share a server (or a module's fixtures) carry the same
+# `xdist_group` mark and stay on one worker (xdist's `--dist loadgroup`; tests/conftest.py completes
+# its node ids on pytest 9.2, pytest-dev/pytest-xdist#1386); unmarked tests are spread one by one.
 TEST_WORKERS ?= 3
-# Every server, engine core and CLI a test starts imports lmforge: its bytecode is compiled once here
-# rather than in each of those ~250 processes wherever PYTHONDONTWRITEBYTECODE is set (this
-# workplace sets it): 0.1-0.2 CPU-s per process.
 test: install sdk3
-	$(BIN)/python -m compileall -q src
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # the inner loop (about 40 s on 2 cores): unit tests and the in-process HTTP contract; no server processes,
 # no vLLM engine, no load tests, no image builds
 test-fast: install
-	$(BIN)/python -m compileall -q src
 	$(BIN)/python -m pytest -q -m "not integration and not vllm and not load and not image and not gpu"
 
 test-unit: install

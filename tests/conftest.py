@@ -6,9 +6,10 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from lmforge.reachins import Library, Reach, check
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -137,28 +138,6 @@ def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: root / name for name in ("a1", "a2", "a3")}
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_collection(session: pytest.Session) -> Any:
-    """Collection imports every test module (torch, transformers, openai, ... in each pytest-xdist
-    worker): with the cyclic collector off meanwhile and the imported heap frozen after, as lmforge's
-    own processes start (:func:`lmforge.process.pause_gc_for_startup`), ~1.7 CPU-s less per worker."""
-    from lmforge.process import freeze_startup_heap, pause_gc_for_startup
-
-    pause_gc_for_startup()
-    try:
-        return (yield)
-    finally:
-        freeze_startup_heap(collect=False)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """transformers' import scans from lmforge's cache, as in lmforge's own processes
-    (:mod:`lmforge.import_cache`): every worker imports transformers while collecting."""
-    from lmforge import import_cache
-
-    import_cache.install()
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     from tests.image.early_build import EarlyBuild
 
@@ -171,103 +150,56 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     EarlyBuild.stop(session.config)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The process ends next (a pytest-xdist worker, whose exit the controller waits for): the
-    interpreter's last collection would walk everything the tests made; frozen, it does not."""
-    import gc
-
-    gc.freeze()
-
-
-#: Test files that share an expensive server or build, kept on one pytest-xdist worker by ``make test``
-#: (``-n 3 --dist loadscope``); any other file is a group of its own (its module-scoped servers).
-_SHARED_GROUPS = {
-    "tests/integration/test_vllm.py": "vllm",
-    "tests/integration/test_vllm_lora.py": "vllm",
-    "tests/integration/test_local_sagemaker.py": "local-sagemaker",
-    "tests/integration/test_local_adapters.py": "local-sagemaker",
-    "tests/integration/test_local_instances.py": "local-sagemaker",
-    "tests/integration/test_sdk_v3.py": "local-sagemaker",
-    "tests/integration/test_real_model.py": "smollm2",
-    "tests/integration/test_smollm2_model.py": "smollm2",
-    "tests/integration/test_same_answer.py": "smollm2",
-    "tests/integration/test_lm_eval.py": "smollm2",
-    "tests/integration/test_server.py": "tiny-server",
-    "tests/integration/test_openai_client.py": "tiny-server",
-    "tests/integration/test_bench_cli.py": "tiny-server",
-    "tests/integration/test_lora.py": "tiny-server",
-    # the unit tests that import vLLM in the worker (~5 CPU-s a worker): one import, not one per file
-    "tests/unit/test_vllm_idle_wait.py": "vllm-unit",
-    "tests/unit/test_vllm_options.py": "vllm-unit",
-    "tests/unit/test_vllm_tool_calls.py": "vllm-unit",
-    "tests/unit/test_vllm_inspect_here.py": "vllm-unit",
-}
+#: What the suite reaches for inside pytest and pytest-xdist (lmforge.reachins), checked when a session
+#: starts (the controller and each worker): ``make test`` groups the tests that share a server with
+#: xdist's documented ``--dist loadgroup`` and ``xdist_group`` marks (in the test modules), and
+#: :func:`pytest_collection_modifyitems` completes what xdist 3.8 does for them on pytest 9.2.
+PYTEST_XDIST = Library(
+    name="pytest",
+    tested="9.2.x with pytest-xdist 3.8.x",
+    user="the test suite's loadgroup fix (tests/conftest.py)",
+    reaches=(
+        Reach(
+            "_pytest.nodes:Node",
+            ("_id",),
+            "xdist's loadgroup suffixes a grouped test's node id by writing item._nodeid, which pytest 9.2 "
+            "no longer reads (node ids live in _id), so every test became a group of its own "
+            "(pytest-dev/pytest-xdist#1386, fix proposed in #1388); the fix writes _id",
+            set_in="__init__",
+        ),
+        Reach("_pytest.nodeid:NodeId", ("parse",), "the fix builds the suffixed id"),
+        Reach(
+            "xdist.remote",
+            ("setup_config",),
+            "xdist sets config.option.loadgroup on its workers, where the fix runs",
+        ),
+    ),
+    fix="Update the loadgroup fix in tests/conftest.py (drop it once xdist groups on this pytest)",
+    version_module="pytest",
+)
 
 
-#: Seconds a group took on one worker here (sum of ``--durations=0``, three workers on 2 cores, 9 min 3 s
-#: in all, 2026-11-28): the scheduler hands out the heaviest group left first, so the long groups start
-#: early and the small files fill the gaps at the end (xdist's own order, most tests first, started the
-#: slowest groups last and took a minute longer when measured). Only the order depends on these numbers;
-#: a file missing here weighs a tenth of a second per test.
-_GROUP_SECONDS = {
-    # lm-eval's two runs and its hf reference, the same-answer crowds, both smollm2 servers' starts
-    "smollm2": 364,
-    "local-sagemaker": 338,
-    # its own group (it starts its own servers): one compile of the tiny model, one start from it, two
-    # short ones (104 s alone)
-    "tests/integration/test_vllm_compile.py": 223,
-    "image": 193,
-    "tests/integration/test_load.py": 109,
-    "vllm": 72,
-    "tiny-server": 66,
-    "tests/integration/test_lifecycle.py": 47,
-    "tests/integration/test_trtllm_fake.py": 27,
-    "tests/integration/test_trtllm_pytorch.py": 26,
-    "tests/unit/test_lmi_dist_engine.py": 23,
-    "tests/integration/test_container_entrypoint.py": 15,
-    "vllm-unit": 20,
-    # small files that mostly wait (a lock's deadline, a registry and podman): placed before the other
-    # small files, where the other workers keep both cores busy meanwhile, not in the last seconds of the
-    # run, where every worker waited at once (the last 10 s of a fresh-clone run were 43 % busy)
-    "tests/unit/test_trtllm_lock.py": 20,
-    "tests/unit/test_local_ecr.py": 20,
-}
+def pytest_configure(config: pytest.Config) -> None:
+    check(PYTEST_XDIST)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``--dist loadscope``: the groups above, every image test in one (one image build), the
-    heaviest group first."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a ``--dist loadgroup`` worker: give each ``xdist_group``-marked test the node id xdist meant it
+    to have (``<id>@<groups>``, the groups' names sorted and joined by ``_``, as xdist 3.8 writes them),
+    where xdist's own write did not take (pytest 9.2: see :data:`PYTEST_XDIST`). Runs after xdist's
+    hook and changes nothing where it did take."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
 
-    # xdist's documented route, --dist loadgroup with xdist_group marks, groups nothing with pytest 9.2
-    # and xdist 3.8: xdist renames each test's node id through ``item._nodeid``, which pytest 9.2 no
-    # longer reads (node ids live in ``_id``), so every test becomes its own group. Until it does,
-    # these private methods carry the grouping; say so at once if they change.
-    missing = [
-        n for n in ("_split_scope", "_assign_work_unit", "workqueue") if not hasattr(LoadScopeScheduling, n)
-    ]
-    if "workqueue" in missing:  # an instance attribute: set in __init__, not on the class
-        missing.remove("workqueue")
-    if missing:
-        raise pytest.UsageError(
-            f"pytest-xdist's LoadScopeScheduling lacks {missing}: update the grouping in tests/conftest.py"
+    for item in items:
+        names = sorted(
+            {
+                str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                for m in item.iter_markers("xdist_group")
+            }
         )
-
-    class SharedServerScheduling(LoadScopeScheduling):  # type: ignore[misc]
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            if path.startswith("tests/image/"):
-                return "image"
-            return _SHARED_GROUPS.get(path, path)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            def seconds(scope: str) -> float:
-                return _GROUP_SECONDS.get(scope, 0.1 * len(self.workqueue[scope]))
-
-            self.workqueue.move_to_end(max(self.workqueue, key=seconds), last=False)
-            super()._assign_work_unit(node)
-
-    return SharedServerScheduling(config, log)
+        suffix = f"@{'_'.join(names)}"
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(f"{item.nodeid}{suffix}")

@@ -30,7 +30,7 @@ import pytest
 from lmforge.testing.server import http_client
 from tests.image.conftest import BuiltImage, ImageRun
 
-pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("image")]
 
 #: the marker line of any build's pip secrets (lmforge.container.pipsettings: a random token per build)
 MARKER = re.compile(rb"lmforge-build-secret-[0-9a-f]{24}")

@@ -20,7 +20,7 @@ from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
 from tests.local_sagemaker import REGION, boto3_clients, handler_model, lmforge, local_sagemaker
 
-pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("image")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 from lmforge.testing.server import RemoteServer
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tiny-server")]
 
 FIGURES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 

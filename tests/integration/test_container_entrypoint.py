@@ -17,7 +17,7 @@ import pytest
 
 from lmforge.testing.server import TEST_ENV, free_port, http_client
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("container-entrypoint")]
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRYPOINT = ROOT / "containers" / "cpu" / "entrypoint.sh"

@@ -20,7 +20,7 @@ import pytest
 from lmforge.testing.server import TEST_ENV, RemoteServer, http_client
 from tests.conftest import Reference
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("lifecycle")]
 
 
 @dataclass

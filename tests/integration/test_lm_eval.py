@@ -30,6 +30,7 @@ pytestmark = [
         importlib.util.find_spec("lm_eval") is None,
         reason="lm-eval-harness is in the dev extra (make install)",
     ),
+    pytest.mark.xdist_group("smollm2"),
 ]
 
 TOL = 1e-3

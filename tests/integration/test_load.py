@@ -39,7 +39,7 @@ from tests.interleaving import crowd, findings
 if TYPE_CHECKING:
     import aiohttp
 
-pytestmark = [pytest.mark.load, pytest.mark.integration]
+pytestmark = [pytest.mark.load, pytest.mark.integration, pytest.mark.xdist_group("load")]
 
 MAX_REQUEST_SIZE = 64 * 1024
 """The load server's ``max_request_size`` (``SERVING_MAX_REQUEST_SIZE``): oversized bodies stay cheap."""

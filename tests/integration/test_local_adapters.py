@@ -22,7 +22,7 @@ from lmforge.testing.lora import PeftReference, make_adapter
 from lmforge.testing.server import TEST_ENV, RemoteServer, http_client
 from tests.local_sagemaker import REGION, lmforge
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
 ENDPOINT = "lora-endpoint"
 BASE = "lora-base"

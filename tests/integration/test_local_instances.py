@@ -27,7 +27,7 @@ import pytest
 
 from tests.local_sagemaker import boto3_clients, handler_model, lmforge
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
 NAME = "two-instances"
 VARIANT = "AllTraffic"

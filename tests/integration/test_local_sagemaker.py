@@ -23,7 +23,7 @@ import pytest
 from lmforge.engines.lmi_dist import ipc
 from tests.local_sagemaker import REGION, base_env, handler_model, lmforge, parse_exports
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
 PROMPT = "def fibonacci(n):"
 

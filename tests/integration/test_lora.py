@@ -15,7 +15,7 @@ import pytest
 from lmforge.testing.lora import PeftReference, make_adapter
 from lmforge.testing.server import RemoteServer, http_client, metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("tiny-server")]
 
 PROMPTS = ["def hello(x):", "import os\n", "class Foo:", "for i in range("]
 NEW = 12

@@ -22,7 +22,7 @@ from tests.openai_checks import (
 )
 from tests.shared_vllm import needs_vllm
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tiny-server")]
 
 
 @pytest.fixture(scope="module")

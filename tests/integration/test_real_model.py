@@ -32,7 +32,7 @@ from lmforge.testing.server import RemoteServer, http_client
 from tests.conftest import Reference
 from tests.local_sagemaker import lmforge
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 
 NEW = 32
 LOGPROB_TOL = 1e-3

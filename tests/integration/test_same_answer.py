@@ -18,7 +18,7 @@ from tests.conftest import Reference
 from tests.same_answer import Probe, echo_probe, prompt_logprobs, same_alone_and_in_a_crowd, standard_probes
 from tests.shared_vllm import needs_vllm
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 
 #: prompts of different lengths (2 to ~40 tokens), so prefill and decode rows of other lengths share steps
 PROMPTS = (

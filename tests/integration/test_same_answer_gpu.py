@@ -30,7 +30,12 @@ import pytest
 
 from lmforge.testing.server import RemoteServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.gpu, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("same-answer-gpu"),
+]
 
 #: alone and in a crowd on CUDA, fp32 (see the module's docstring)
 CUDA_TOL = 1e-3

@@ -24,7 +24,7 @@ import pytest
 from tests.local_sagemaker import boto3_clients
 from tests.sdk3 import ensure_sdk3, run_v3, sdk3_env
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "sagemaker_sdk_v3.py"

@@ -20,7 +20,7 @@ from lmforge.testing.server import RemoteServer, http_client, metrics, stream_li
 from tests.conftest import Reference
 from tests.interleaving import crowd, findings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("tiny-server")]
 
 PROMPTS = ["def ", "import os\n", "class Foo(object):\n    ", "for i in range("]
 

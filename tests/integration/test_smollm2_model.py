@@ -18,7 +18,7 @@ import pytest
 from lmforge.models import smollm2
 from lmforge.paths import cache_dir
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
 
 FILES = {
     "model.safetensors",

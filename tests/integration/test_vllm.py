@@ -21,7 +21,13 @@ from lmforge.testing.server import VLLM_PROPERTIES, RemoteServer, http_client, m
 from tests.interleaving import crowd, findings
 from tests.shared_vllm import OFFLINE_MAX_TOKENS, OFFLINE_PROMPTS, SharedVllm, needs_vllm
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    needs_vllm,
+    pytest.mark.xdist_group("vllm"),
+]
 
 PROMPTS = OFFLINE_PROMPTS
 MAX_TOKENS = OFFLINE_MAX_TOKENS

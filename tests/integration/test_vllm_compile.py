@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.vllm,
     needs_vllm,
     pytest.mark.timeout(900),
+    pytest.mark.xdist_group("vllm-compile"),
 ]
 
 PROPERTIES = """\

@@ -24,7 +24,13 @@ from lmforge.testing.lora import PeftReference
 from lmforge.testing.server import RemoteServer, http_client, metrics
 from tests.shared_vllm import RAW_LORA, SharedVllm, needs_vllm
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm, needs_vllm]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    needs_vllm,
+    pytest.mark.xdist_group("vllm"),
+]
 
 RAW_PROMPTS: list[str] = RAW_LORA["prompts"]  # base, a1, base
 PROMPTS = [*RAW_PROMPTS, "for i in range("]

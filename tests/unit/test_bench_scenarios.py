@@ -24,6 +24,8 @@ from lmforge.engines.protocol import (
 )
 from lmforge.handlers import formatters as fmt
 
+pytestmark = pytest.mark.xdist_group("bench-scenarios")
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 

@@ -21,6 +21,8 @@ from lmforge.deploy.endpoints import resource_names
 from lmforge.deploy.images import ImageError, choose_image, image_problem, lmi_image_uri
 from lmforge.deploy.upload import split_s3_uri, upload_archive, upload_prefix
 
+pytestmark = pytest.mark.xdist_group("deploy-pieces")
+
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[Any]:

@@ -21,6 +21,8 @@ from lmforge.engines.protocol import (
 )
 from lmforge.testing.scripted import MAX_MODEL_LEN, ScriptedEngine
 
+pytestmark = pytest.mark.xdist_group("engine-base")
+
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> ScriptedEngine:

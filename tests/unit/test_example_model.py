@@ -16,6 +16,8 @@ from click.testing import CliRunner
 from lmforge.cli.example_cmd import example_model_command
 from lmforge.models.example import SPECIAL_TOKENS, write_example_model
 
+pytestmark = pytest.mark.xdist_group("example-model")
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -15,6 +15,8 @@ from lmforge.engines.lmi_dist import lean_layers
 from lmforge.engines.lmi_dist.cpu_linear import prepack
 from lmforge.engines.lmi_dist.sampler import RequestSampler, argmax_rows, take_choices
 
+pytestmark = pytest.mark.xdist_group("lean-layers")
+
 
 @pytest.fixture(scope="module")
 def model(tiny_model: Path) -> Any:

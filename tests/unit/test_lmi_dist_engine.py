@@ -27,7 +27,7 @@ from lmforge.engines.protocol import (
 from lmforge.errors import EngineDeadError
 
 #: the engine core is a process of its own: not for ``make test-fast``
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("lmi-dist-engine")]
 
 
 @pytest.fixture(scope="module")

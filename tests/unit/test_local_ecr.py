@@ -31,6 +31,8 @@ from lmforge.local.registry import (
     find_registry_binary,
 )
 
+pytestmark = pytest.mark.xdist_group("local-ecr")
+
 ACCOUNT = "123456789012"
 REGION = "us-west-2"
 DIGEST = "sha256:" + "ab" * 32

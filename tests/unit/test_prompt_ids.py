@@ -18,6 +18,8 @@ import pytest
 from lmforge.engines.protocol import GenerationRequest, SamplingParams
 from tests.unit.test_http_contract import PROMPT, Served, run
 
+pytestmark = pytest.mark.xdist_group("prompt-ids")
+
 PINNED = Path(__file__).with_name("prompt_ids.json")
 
 #: the example model's template, with the tools and the assistant's tool calls written out

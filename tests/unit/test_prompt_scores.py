@@ -19,6 +19,8 @@ from lmforge.engines.lmi_dist.prompt_scores import (
     score_prompts,
 )
 
+pytestmark = pytest.mark.xdist_group("prompt-scores")
+
 VOCAB = 256
 #: the passes' logits bound in these tests: 256 positions of this vocabulary
 BUDGET = 256 * VOCAB

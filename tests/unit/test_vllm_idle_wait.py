@@ -16,7 +16,7 @@ import pytest
 from lmforge.engines.vllm import idle_wait
 from tests.shared_vllm import needs_vllm
 
-pytestmark = needs_vllm
+pytestmark = [needs_vllm, pytest.mark.xdist_group("vllm-unit")]
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import pytest
 from lmforge.engines.vllm import inspect_here
 from tests.shared_vllm import needs_vllm
 
+pytestmark = pytest.mark.xdist_group("vllm-unit")
+
 
 def test_it_replaces_the_function_the_registry_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake of vLLM's registry module (the boundary: importing vLLM is seconds)."""

@@ -14,7 +14,7 @@ from lmforge.engines.vllm.engine import VllmEngine
 from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
 from tests.shared_vllm import needs_vllm
 
-pytestmark = needs_vllm
+pytestmark = [needs_vllm, pytest.mark.xdist_group("vllm-unit")]
 
 
 def _config(tmp_path: Path, **fields: object) -> ServingConfig:

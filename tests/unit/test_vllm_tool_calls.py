@@ -16,7 +16,7 @@ from lmforge.handlers.reply_parsing import ReplyParser
 from lmforge.testing.scripted import ScriptedEngine
 from tests.shared_vllm import needs_vllm
 
-pytestmark = [pytest.mark.vllm, needs_vllm]
+pytestmark = [pytest.mark.vllm, needs_vllm, pytest.mark.xdist_group("vllm-unit")]
 
 WEATHER = {
     "type": "function",
