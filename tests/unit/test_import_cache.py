@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,25 +100,46 @@ def test_only_the_tested_release_gets_the_hook(monkeypatch: pytest.MonkeyPatch) 
     assert finder.find_spec("transformers.utils", transformers.__path__) is None
 
 
-def test_this_process_imported_transformers_through_the_cache_with_the_scans_answers(
+_THROUGH_THE_CACHE = """
+import importlib.metadata, sys
+from pathlib import Path
+from lmforge import import_cache
+import_cache.install()
+from transformers.utils import import_utils
+cached = import_utils.define_import_structure
+assert getattr(cached, "__wrapped__", None) is not None, "transformers was imported without the cache"
+loader = import_utils.__spec__.loader
+assert isinstance(loader, import_cache._Loader) and loader.cache.searched
+models = Path(import_utils.__file__).parents[1] / "models"
+import_utils.create_import_structure_from_path.cache_clear()
+for args in ((models, "models"), (str(models / "__init__.py"), None)):
+    assert cached(*args) == cached.__wrapped__.__wrapped__(*args)  # the lru_cache's function: a scan
+assert importlib.metadata.packages_distributions() == import_utils.PACKAGE_DISTRIBUTION_MAPPING
+print("ok")
+"""
+
+
+def test_a_process_imports_transformers_through_the_cache_with_the_scans_answers(tmp_path: Path) -> None:
+    """As lmforge's processes do (lmforge.process.run_main): what transformers got from the file is
+    what its scans give (twice: the first process writes the file, the second reads it)."""
+    env = {**os.environ, "LMFORGE_CACHE_DIR": str(tmp_path), "LMFORGE_IMPORT_CACHE": "on"}
+    for _ in range(2):
+        out = subprocess.run(
+            [sys.executable, "-c", _THROUGH_THE_CACHE], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert list((tmp_path / "python-imports").glob("*.marshal"))
+
+
+def test_every_reach_in_is_there_and_a_missing_one_fails_the_import_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The suite's workers install the hook (tests/conftest.py) as lmforge's processes do
-    (lmforge.process.run_main): what transformers got from the file is what its scans give now.
+    from types import ModuleType
 
-    The scan runs over ``sys.path`` as it was at that import: a test of this worker may have changed
-    it since (importing setuptools appends its ``_vendor`` folder, with distributions of its own)."""
-    if os.environ.get("LMFORGE_IMPORT_CACHE", "").lower() in ("off", "0", "false", "no"):
-        pytest.skip("LMFORGE_IMPORT_CACHE is off in this run")
-    from transformers.utils import import_utils
+    from lmforge.reachins import ReachError, missing
 
-    cached = import_utils.define_import_structure
-    assert getattr(cached, "__wrapped__", None) is not None, "transformers was imported without the cache"
-    loader = import_utils.__spec__.loader
-    assert isinstance(loader, import_cache._Loader) and loader.cache.searched
-    monkeypatch.setattr(sys, "path", list(loader.cache.searched))
-    models = _transformers_dir() / "models"
-    import_utils.create_import_structure_from_path.cache_clear()
-    for args in ((models, "models"), (str(models / "__init__.py"), None)):
-        assert cached(*args) == cached.__wrapped__.__wrapped__(*args)  # the lru_cache's function: a scan
-    assert importlib.metadata.packages_distributions() == import_utils.PACKAGE_DISTRIBUTION_MAPPING
+    assert missing(import_cache._reaches().reaches) == []
+    monkeypatch.delattr(importlib.metadata, "packages_distributions")
+    loader = import_cache._Loader(None, _transformers_dir(), "5.19.0")
+    with pytest.raises(ReachError, match=r"lacks importlib\.metadata\.packages_distributions \(swapped"):
+        loader.exec_module(ModuleType(import_cache.MODULE))

@@ -28,7 +28,6 @@ from lmforge.local.provisioner import Provisioner
 from lmforge.local.registry.process import port_problem
 from lmforge.local.runners import MODES, InstanceRunner
 from lmforge.local.runtime import RuntimeServer
-from lmforge.process import freeze_startup_heap, pause_gc_for_startup
 
 log = logging.getLogger("lmforge.local")
 
@@ -130,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, default="auto", help="how endpoint instances run")
     parser.add_argument("--engine", choices=("auto", "podman", "docker"), default=None)
     args = parser.parse_args(argv)
-    pause_gc_for_startup()  # moto, boto3 and the control plane's imports; frozen once it is up
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag, port in (("--port", args.port), ("--runtime-port", args.runtime_port)):
         problem = port_problem(args.host, port)  # moto's server would hang on a busy port
@@ -159,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the local SageMaker could not start: %s", exc)
         local.stop()
         return 3
-    freeze_startup_heap(collect=False)  # a long-lived process: its collections walk only what serving makes
     state_path = local.state_dir / STATE_FILE
     tmp = state_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(local.state(), indent=2) + "\n")
