@@ -144,3 +144,24 @@ def check(library: Library, reaches: Iterable[Reach] | None = None) -> None:
     installed release lacks."""
     if lacking := missing(library.reaches if reaches is None else reaches):
         raise ReachError(message(library, lacking))
+
+
+#: uvicorn, as the model server uses it (``serving.launcher.make_server``'s ``DrainingServer`` overrides
+#: ``handle_exit`` and ``capture_signals``: renamed upstream, the overrides are never called and a
+#: SIGTERM no longer drains in-flight requests, nor exits 0). Kept here, beside the record, because the
+#: server's own modules import nothing of lmforge's engines; ``make_server`` checks it.
+UVICORN = Library(
+    name="uvicorn",
+    tested="0.54.x",
+    user="lmforge's model server",
+    reaches=(
+        Reach(
+            "uvicorn:Server",
+            ("handle_exit", "capture_signals"),
+            "overridden by the draining server: renamed upstream, a SIGTERM would not drain",
+        ),
+        Reach("uvicorn:Server", ("should_exit",), "the server's stop", set_in="__init__"),
+    ),
+    fix="Install a uvicorn of the tested minor release (pip install 'uvicorn==0.54.*')",
+    version_module="uvicorn",
+)

@@ -91,3 +91,41 @@ def test_importing_it_imports_no_library() -> None:
     code = f"import sys, lmforge.reachins; print(sorted({libraries} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_suite_s_pytest_and_xdist_table_resolves_and_a_missing_entry_fails_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from _pytest.nodeid import NodeId
+
+    from tests.conftest import PYTEST_XDIST
+
+    assert missing(PYTEST_XDIST.reaches) == []
+    monkeypatch.delattr(NodeId, "parse")
+    with pytest.raises(
+        ReachError, match=r"_pytest\.nodeid\.NodeId\.parse \(the fix builds the suffixed id\)"
+    ):
+        check(PYTEST_XDIST)
+
+
+def test_xdist_s_loadgroup_suffix_is_what_the_suite_s_fix_writes() -> None:
+    """The fix copies xdist's suffix format (``@`` + sorted names joined by ``_``): xdist's own source."""
+    import inspect
+
+    import xdist.remote
+
+    source = inspect.getsource(xdist.remote.WorkerInteractor.pytest_collection_modifyitems)
+    assert "f\"{item.nodeid}@{'_'.join(sorted(gnames))}\"" in source
+
+
+def test_the_model_server_s_uvicorn_table_resolves_and_an_override_gone_upstream_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn
+
+    from lmforge.reachins import UVICORN
+
+    assert missing(UVICORN.reaches) == []
+    monkeypatch.delattr(uvicorn.Server, "capture_signals")
+    with pytest.raises(ReachError, match=r"uvicorn\.Server\.capture_signals \(overridden by the draining"):
+        check(UVICORN)

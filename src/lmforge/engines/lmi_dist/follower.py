@@ -9,7 +9,9 @@ import os
 def main() -> int:
     from lmforge.process import freeze_startup_heap, pause_gc_for_startup
 
-    pause_gc_for_startup()  # for the imports (loading.build turns it back on before the weights)
+    # for the imports (loading.build turns it back on before the weights): a rank starts as the engine
+    # core does, whose start it cuts by 1.1 CPU-s of 3.9 (lmforge.process.pause_gc_for_startup)
+    pause_gc_for_startup()
     from lmforge.config import ServingConfig
     from lmforge.engines.lmi_dist.core import ignore_stop_signals
     from lmforge.engines.lmi_dist.distributed import CONFIG_ENV
