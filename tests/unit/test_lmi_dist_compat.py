@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,17 @@ def test_the_forward_gate_keeps_the_signature_transformers_reads() -> None:
     assert out.logits.shape[1] == 1
     assert held == [True]
     assert not gate.lock._is_owned()
+
+
+def test_the_engine_core_s_start_fails_naming_a_planted_missing_attribute(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """loading.build (the engine core's and each rank's start) checks the table before it loads."""
+    from transformers.generation.continuous_batching.requests import FutureRequestState
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.lmi_dist.loading import build
+
+    monkeypatch.delattr(FutureRequestState, "query_length")
+    with pytest.raises(LmforgeError, match=r"FutureRequestState\.query_length \(lora\.LoraLayers\.on_batch"):
+        build(ServingConfig(model_dir=tmp_path))  # type: ignore[arg-type]

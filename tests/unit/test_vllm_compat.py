@@ -3,6 +3,8 @@ a missing one stops the engine's start naming it, its reason and the tested rele
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lmforge.engines.vllm import compat
@@ -52,3 +54,20 @@ def test_a_new_stat_logger_method_the_stand_in_lacks_stops_the_start(monkeypatch
     monkeypatch.setattr(StatLoggerBase, "record_something_new", lambda self: None, raising=False)
     with pytest.raises(ReachError, match=r"StatLoggerBase\.record_something_new.*does not override"):
         compat.check_at_start()
+
+
+def test_the_vllm_engine_s_start_fails_naming_a_planted_missing_attribute(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """VllmEngine.start checks the table before vLLM starts anything."""
+    import asyncio
+
+    from vllm.v1.engine import utils
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.vllm.engine import VllmEngine
+
+    monkeypatch.delattr(utils, "get_mp_context")
+    engine = VllmEngine(ServingConfig(model_dir=tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ReachError, match=r"vllm\.v1\.engine\.utils\.get_mp_context \(process_start"):
+        asyncio.run(engine.start())
