@@ -77,7 +77,6 @@ test-image: install host-setup
 # daemon that answers ($$DOCKER_HOST; `containers/dockerd.sh start` starts one as CI does) and fails,
 # never skips, without one. The two test modules run side by side once the image is built.
 test-docker: install sdk3
-	$(BIN)/python -m compileall -q src
 	LMFORGE_CONTAINER_ENGINE=docker LMFORGE_REQUIRE_IMAGE_TESTS=1 \
 		$(BIN)/python -m pytest -q -m image -n 2 --dist loadscope
 

@@ -26,7 +26,7 @@ from lmforge.deploy import (
 )
 from tests.local_sagemaker import handler_model
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from lmforge.cli.config_cmd import reference_markdown as render_reference_markdown
 from lmforge.config import ConfigError, ResolvedConfig, ServingConfig, Source, load_config
 from lmforge.config.describe import expectation, properties_keys
 from lmforge.config.show import render_config
 from lmforge.config.sources import ALIAS_ENV, SAGEMAKER_ENV, env_key
-from lmforge.cli.config_cmd import reference_markdown as render_reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -54,6 +54,7 @@ LIBRARY_HOOKS = {
     "do_HEAD",
     "log_message",
     "translate_path",
+    "fill_defaults",
     "connection_made",
     "data_received",
     "connection_lost",

@@ -179,6 +179,10 @@ def make_server(config: Any, state: ServerState) -> Any:
 
     import uvicorn
 
+    from lmforge.reachins import UVICORN, check
+
+    check(UVICORN)  # what DrainingServer overrides
+
     class DrainingServer(uvicorn.Server):  # type: ignore[misc]
         def handle_exit(self, sig: int, frame: Any) -> None:
             if state.phase in (Phase.READY, Phase.LOADING):

@@ -411,7 +411,9 @@ def ignore_stop_signals() -> None:
 def main() -> int:
     from lmforge.process import pause_gc_for_startup
 
-    pause_gc_for_startup()  # for the imports (loading.build turns it back on before the weights)
+    # for the imports (loading.build turns it back on before the weights): with the frozen start-up heap
+    # it cuts the engine core's start from 3.9 to 2.8 CPU-s (tiny model, median of 5, 2026-12)
+    pause_gc_for_startup()
     import zmq
 
     from lmforge.config import ServingConfig
