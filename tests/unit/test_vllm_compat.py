@@ -21,9 +21,9 @@ def test_every_entry_resolves_on_the_installed_vllm_and_torch() -> None:
 
 
 def test_the_prometheus_stand_in_overrides_every_stat_logger_method() -> None:
-    from lmforge.engines.vllm.engine import _no_prometheus
+    from lmforge.engines.vllm.stat_loggers import no_prometheus
 
-    (stand_in,) = _no_prometheus()
+    (stand_in,) = no_prometheus()
     assert compat.overrides_every_stat_method(stand_in)
 
 

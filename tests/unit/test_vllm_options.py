@@ -10,7 +10,6 @@ import pytest
 
 from lmforge.config import ServingConfig
 from lmforge.engines.protocol import FinishReason
-from lmforge.engines.vllm.engine import VllmEngine
 from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
 from tests.shared_vllm import needs_vllm
 
@@ -111,19 +110,21 @@ def test_bad_options_are_all_named(tmp_path: Path) -> None:
     ],
 )
 def test_finish_reasons(finish: str, stop: object, expected: FinishReason) -> None:
-    assert VllmEngine._finish_reason(SimpleNamespace(finish_reason=finish, stop_reason=stop)) is expected
+    from lmforge.engines.vllm.requests import finish_reason
+
+    assert finish_reason(SimpleNamespace(finish_reason=finish, stop_reason=stop)) is expected
 
 
 def test_vllm_refusals_name_lmforges_fields(tmp_path: Path) -> None:
     """vLLM names its own parameter; the engine raises lmforge's neutral field (the handler names it)."""
     from lmforge.engines.protocol import FieldError, RequestField, SamplingParams
+    from lmforge.engines.vllm.requests import sampling_params
 
-    engine = VllmEngine(_config(tmp_path))
     for settings, field in (
         ({"top_p": 0.0}, RequestField.TOP_P),
         ({"temperature": -1.0}, RequestField.TEMPERATURE),
         ({"top_k": -5}, RequestField.PARAMS),  # vLLM names no parameter: the settings as a whole
     ):
         with pytest.raises(FieldError) as err:
-            engine._sampling_params(SamplingParams(max_new_tokens=2, do_sample=True, **settings))  # type: ignore[arg-type]
+            sampling_params(SamplingParams(max_new_tokens=2, do_sample=True, **settings))  # type: ignore[arg-type]
         assert err.value.field is field and "vLLM refuses this request" in err.value.message

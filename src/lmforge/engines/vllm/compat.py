@@ -3,7 +3,7 @@ when the vLLM engine starts.
 
 lmforge's vLLM plugins (:mod:`.inspect_here`, :mod:`.logprob_ranks`, :mod:`.idle_wait`,
 :mod:`.lora_fix`, :mod:`.compile_plugin`), the engine-core fork (:mod:`.process_start`), the options
-table (:mod:`.options`) and the engine's stand-in for vLLM's Prometheus logger (``engine._no_prometheus``)
+table (:mod:`.options`) and the engine's stand-in for vLLM's Prometheus logger (``stat_loggers.no_prometheus``)
 replace or read vLLM's private names. Each is an entry of :data:`VLLM` (or :data:`TORCH`) with the reason,
 and :func:`check_at_start` (the start of :class:`~lmforge.engines.vllm.engine.VllmEngine`, in the server
 process) stops the start with a message naming what a vLLM upgrade removed, the installed and tested
@@ -26,7 +26,7 @@ TESTED = "0.32"
 TESTED_TORCH = "2.13"
 
 #: the methods of vLLM's stat-logger interface (``StatLoggerBase``, ``AggregateStatLoggerBase``) that
-#: vLLM calls on each logger; ``engine._no_prometheus``'s stand-in overrides every one of them
+#: vLLM calls on each logger; ``stat_loggers.no_prometheus``'s stand-in overrides every one of them
 STAT_LOGGER_METHODS = (
     "record",
     "record_sleep_state",
@@ -81,7 +81,7 @@ REACHES: tuple[Reach, ...] = (
     Reach(
         f"{_LOGGERS}:PrometheusStatLogger",
         STAT_LOGGER_METHODS,
-        "engine._no_prometheus: a stand-in that skips PrometheusStatLogger.__init__ (its per-token "
+        "stat_loggers.no_prometheus: a stand-in that skips PrometheusStatLogger.__init__ (its per-token "
         "metrics, ~10 % of the server's CPU) must override every method vLLM calls",
     ),
     Reach(
@@ -133,7 +133,7 @@ def stat_logger_methods() -> set[str]:
 
 def check_at_start() -> None:
     """Everything in :data:`VLLM` and :data:`TORCH`, and that vLLM's stat-logger interface has no
-    method ``engine._no_prometheus``'s stand-in lacks (it would run on an object whose ``__init__``
+    method ``stat_loggers.no_prometheus``'s stand-in lacks (it would run on an object whose ``__init__``
     never ran: an AttributeError at every engine step)."""
     check(VLLM)
     check(TORCH)
