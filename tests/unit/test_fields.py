@@ -63,11 +63,11 @@ def test_the_prompt_and_the_length_are_named_as_the_client_sent_them() -> None:
 
 
 def test_unnamed_errors_show_neutral_ids_and_missing_fields_name_no_param() -> None:
-    err = FieldError(RequestField.PROMPT_LOGPROBS, RequestField.PROMPT_LOGPROBS, " is not supported")
-    assert (err.param, err.message) == ("prompt_logprobs", "prompt_logprobs is not supported")
+    err = FieldError(RequestField.PROMPT_TOP_N, RequestField.PROMPT_TOP_N, " is not supported")
+    assert (err.param, err.message) == ("prompt_top_n", "prompt_top_n is not supported")
     assert in_client_terms(err, COMPLETION).to_dict()["param"] == "echo"
     chat = in_client_terms(err, CHAT_REQ)  # chat has no echo: no param, the text keeps the id
-    assert (chat.param, chat.message) == (None, "prompt_logprobs is not supported")
+    assert (chat.param, chat.message) == (None, "prompt_top_n is not supported")
     structured = FieldError(RequestField.STRUCTURED, RequestField.STRUCTURED, " is not supported")
     tools = parsed(CHAT, messages=[{"role": "user", "content": "hi"}], tools=[_TOOL], tool_choice="required")
     assert in_client_terms(structured, tools).message == "tools is not supported"

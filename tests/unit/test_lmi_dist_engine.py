@@ -424,7 +424,7 @@ def test_prompt_logprobs_score_the_prompt_as_the_batch_scored_its_tokens(
     ids = engine.tokenizer.encode("def fibonacci(n):")
     reply = loop.run_until_complete(collect(engine, "g", greedy, prompt=ids))
     tokens = [e.token for e in reply if e.token is not None]
-    scored_params = SamplingParams(max_new_tokens=1, prompt_logprobs=2)
+    scored_params = SamplingParams(max_new_tokens=1, prompt_top_n=2)
     whole = [*ids, *(t.id for t in tokens)]
     events = loop.run_until_complete(collect(engine, "s", scored_params, prompt=whole))
     scored = events[0].prompt_logprobs

@@ -35,7 +35,7 @@ FULL = SamplingParams(
     min_p=0.1,
     logit_bias=((5, -2.5), (7, 100.0)),
     stop_token_ids=(11, 4),
-    prompt_logprobs=2,
+    prompt_top_n=2,
 )
 
 

@@ -208,7 +208,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_as_lm_eval_harness_asks(tiny_m
         assert lp["token_logprobs"] == [None] + [LOG_PROB] * (len(ids) - 1)
         assert lp["top_logprobs"][0] is None and all(len(t) == 1 for t in lp["top_logprobs"][1:])
         assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
-        assert srv.engine.seen[-1].params.prompt_logprobs == 1
+        assert srv.engine.seen[-1].params.prompt_top_n == 1
         streamed = events(await srv.client.post("/v1/completions", json={**body, "stream": True}))
         assert len(streamed) == 1 and streamed[0]["choices"][0]["text"] == PROMPT
         assert streamed[0]["choices"][0]["logprobs"] == lp
@@ -220,7 +220,7 @@ def test_echo_with_max_tokens_0_scores_the_prompt_as_lm_eval_harness_asks(tiny_m
         assert lp3["text_offset"][len(ids)] == len(PROMPT)
         plain = await srv.client.post("/v1/completions", json={"prompt": ids, "echo": True, "max_tokens": 0})
         assert plain.json()["choices"][0]["text"] == PROMPT  # token ids echoed as their text
-        assert srv.engine.seen[-1].params.prompt_logprobs is None  # nothing to score without logprobs
+        assert srv.engine.seen[-1].params.prompt_top_n is None  # nothing to score without logprobs
         for bad in ({"prompt": PROMPT, "max_tokens": 0}, {"prompt": PROMPT, "max_tokens": -1, "echo": True}):
             resp = await srv.client.post("/v1/completions", json=bad)
             assert (resp.status_code, oerr(resp)["param"]) == (400, "max_tokens"), resp.text

@@ -57,7 +57,7 @@ class RequestField(enum.StrEnum):
     FREQUENCY_PENALTY = "frequency_penalty"
     SEED = "seed"
     TOP_N = "top_n"
-    PROMPT_LOGPROBS = "prompt_logprobs"
+    PROMPT_TOP_N = "prompt_top_n"
     LOGIT_BIAS = "logit_bias"
     STOP_TOKEN_IDS = "stop_token_ids"
     STRUCTURED = "structured"
@@ -167,7 +167,7 @@ class SamplingParams:
     """(token id, bias) pairs added to the logits before the choice."""
     stop_token_ids: tuple[int, ...] = ()
     """Tokens that end the reply as EOS does (even with ``ignore_eos``); their text is not returned."""
-    prompt_logprobs: int | None = None
+    prompt_top_n: int | None = None
     """None: no prompt log-probs. N >= 0: the first event carries every prompt token's log-prob with
     its N most likely alternatives (:attr:`GenerationEvent.prompt_logprobs`); an engine that cannot
     compute them refuses the request with a 400 naming ``echo``."""
@@ -206,7 +206,7 @@ class GenerationEvent:
     error_status: int | None = None
     """HTTP status matching ``error`` (from :data:`lmforge.errors.ERROR_TABLE`)."""
     prompt_logprobs: list[Token] | None = None
-    """On the first event when ``SamplingParams.prompt_logprobs`` asks: one token per prompt token,
+    """On the first event when ``SamplingParams.prompt_top_n`` asks: one token per prompt token,
     the first with a NaN log-prob and no alternatives (nothing precedes it)."""
 
     @property

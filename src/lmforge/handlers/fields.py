@@ -57,19 +57,19 @@ NAMES: Mapping[Api, Mapping[RequestField, str | None]] = {
         F.FREQUENCY_PENALTY: None,
         F.LOGIT_BIAS: None,
         F.STOP_TOKEN_IDS: None,
-        F.PROMPT_LOGPROBS: None,
+        F.PROMPT_TOP_N: None,
     },
     "chat": {
         **_OPENAI,
         F.PROMPT: "messages",
         F.TOP_N: "top_logprobs",
-        F.PROMPT_LOGPROBS: None,
+        F.PROMPT_TOP_N: None,
     },
     "completion": {
         **_OPENAI,
         F.PROMPT: "prompt",
         F.TOP_N: "logprobs",
-        F.PROMPT_LOGPROBS: "echo",
+        F.PROMPT_TOP_N: "echo",
     },
 }
 

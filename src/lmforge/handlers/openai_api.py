@@ -330,7 +330,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     constraint = response_format_constraint(req.response_format)
     params = req.sampling_params(1 if echo_only else max_tokens, top_n, req.logprobs is not None, constraint)
     if req.echo and req.logprobs is not None:  # the answer starts with the prompt's tokens, scored
-        params = dataclasses.replace(params, prompt_logprobs=top_n)
+        params = dataclasses.replace(params, prompt_top_n=top_n)
     return ParsedRequest(
         api="completion",
         prompt=prompt if isinstance(prompt, str) else "",

@@ -67,7 +67,7 @@ class ParsedRequest:
     """This prompt's place in such a list (its errors name ``prompt.<i>``; choice ``i * n + j``)."""
     echo: bool = False
     """Completions: the answer's text starts with the prompt (and, with logprobs, its log-probs with
-    the prompt's tokens: ``params.prompt_logprobs``)."""
+    the prompt's tokens: ``params.prompt_top_n``)."""
     echo_only: bool = False
     """Completions: ``echo`` with ``max_tokens: 0``, the prompt alone (the engine is asked for one
     token, to get the prompt's log-probs, and the token is dropped)."""

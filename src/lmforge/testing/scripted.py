@@ -14,7 +14,7 @@ Only the choice of tokens is scripted:
 * ``cancel_after``: the engine cancels a request itself after that many tokens (as vLLM's ``abort`` and
   TensorRT-LLM's ``cancelled`` do): the stream ends with ``finish_reason=ABORT``;
 * ``fail_start`` / :meth:`kill`: a load failure, and an engine that dies while serving;
-* prompt log-probs (``SamplingParams.prompt_logprobs``): every prompt token after the first scores
+* prompt log-probs (``SamplingParams.prompt_top_n``): every prompt token after the first scores
   ``LOG_PROB``; its alternatives are the prompt's own tokens up to it, the latest first (so a prompt
   of byte-level pieces gives alternatives that are pieces too).
 """
@@ -131,7 +131,7 @@ class ScriptedEngine(EngineBase):
         self, request: GenerationRequest, params: SamplingParams
     ) -> AsyncGenerator[GenerationEvent, None]:
         ids = request.prompt
-        pending = self.prompt_logprobs(ids, params.prompt_logprobs)
+        pending = self.prompt_logprobs(ids, params.prompt_top_n)
         self.seen.append(request)
         stream = TokenStream(self._tokenizer, params.stop, len(ids))
         planned = self.script(ids, params.max_new_tokens)

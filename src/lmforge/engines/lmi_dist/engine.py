@@ -203,9 +203,9 @@ class LmiDistEngine(EngineBase):
         assert self._core is not None and self._core.ready is not None
         if self._core.ready.world > 1:
             raise FieldError(
-                RequestField.PROMPT_LOGPROBS,
+                RequestField.PROMPT_TOP_N,
                 "the prompt's log-probs (",
-                RequestField.PROMPT_LOGPROBS,
+                RequestField.PROMPT_TOP_N,
                 " with logprobs) are not available on lmi-dist with tensor parallelism; use "
                 "option.rolling_batch=vllm",
             )
@@ -240,7 +240,7 @@ class LmiDistEngine(EngineBase):
             if lora is not None and adapter is not None:
                 await lora.acquire(adapter)  # waits for a free adapter slot (option.max_loras)
                 adapter_held = True
-            scored = await self._score_prompt(prompt_ids, params.prompt_logprobs, adapter)
+            scored = await self._score_prompt(prompt_ids, params.prompt_top_n, adapter)
             await self._slots.acquire()
             self._waiting -= 1
             waiting = False

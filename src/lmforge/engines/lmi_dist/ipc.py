@@ -129,7 +129,7 @@ class Sampling(msgspec.Struct, frozen=True, array_like=True):
         return [*([] if self.ignore_eos else sorted(set(eos_ids))), *self.stop_token_ids]
 
 
-FRONTEND_ONLY = frozenset({"stop", "logprobs", "prompt_logprobs"})
+FRONTEND_ONLY = frozenset({"stop", "logprobs", "prompt_top_n"})
 """The :class:`~lmforge.engines.protocol.SamplingParams` fields that :class:`Sampling` leaves out."""
 
 

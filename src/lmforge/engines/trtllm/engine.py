@@ -221,7 +221,7 @@ class TrtllmEngine(EngineBase):
             RequestField.LOGIT_BIAS: params.logit_bias,
             RequestField.STOP_TOKEN_IDS: params.stop_token_ids,
             RequestField.STRUCTURED: params.structured,
-            RequestField.PROMPT_LOGPROBS: params.prompt_logprobs is not None,
+            RequestField.PROMPT_TOP_N: params.prompt_top_n is not None,
         }
         asked = next((name for name, value in unmapped.items() if value), None)
         if asked is not None:

@@ -3,7 +3,7 @@ when the vLLM engine starts.
 
 lmforge's vLLM plugins (:mod:`.inspect_here`, :mod:`.logprob_ranks`, :mod:`.idle_wait`,
 :mod:`.lora_fix`, :mod:`.compile_plugin`), the engine-core fork (:mod:`.process_start`), the options
-table (:mod:`.options`) and the engine's stand-in for vLLM's Prometheus logger (``stat_loggers.no_prometheus``)
+table (:mod:`.options`) and the stand-in for vLLM's Prometheus logger (``stat_loggers.no_prometheus``)
 replace or read vLLM's private names. Each is an entry of :data:`VLLM` (or :data:`TORCH`) with the reason,
 and :func:`check_at_start` (the start of :class:`~lmforge.engines.vllm.engine.VllmEngine`, in the server
 process) stops the start with a message naming what a vLLM upgrade removed, the installed and tested

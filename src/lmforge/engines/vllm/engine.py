@@ -300,7 +300,7 @@ class VllmEngine(EngineBase):
                     output = await anext(outputs)
                 except (VLLMClientError, ValueError) as exc:  # vLLM's request checks (schemas too)
                     raise refusal(exc, params) from None
-                scored = prompt_scores(output, prompt_ids, params.prompt_logprobs)
+                scored = prompt_scores(output, prompt_ids, params.prompt_top_n)
                 while True:
                     events = events_of(output, params, stream, self._eos_ids)
                     if output.finished:

@@ -31,7 +31,7 @@ FIELD = {
     "frequency_penalty": F.FREQUENCY_PENALTY,
     "seed": F.SEED,
     "logprobs": F.TOP_N,
-    "prompt_logprobs": F.PROMPT_LOGPROBS,
+    "prompt_logprobs": F.PROMPT_TOP_N,
     "logit_bias": F.LOGIT_BIAS,
     "stop_token_ids": F.STOP_TOKEN_IDS,
     "structured_outputs": F.STRUCTURED,
@@ -70,7 +70,7 @@ def sampling_params(params: SamplingParams) -> Any:
             # only when the answer carries them: vLLM's log-prob path costs ~40 % of the
             # frontend's CPU per token (bench/frontend_overhead.py)
             logprobs=params.top_n if params.logprobs else None,
-            prompt_logprobs=params.prompt_logprobs,
+            prompt_logprobs=params.prompt_top_n,
             output_kind=RequestOutputKind.DELTA,
             structured_outputs=structured,
             # stop strings and text are lmforge's (as for LMI-Dist): every token gets its own text
