@@ -308,9 +308,8 @@ class App:
     async def _invoke_admitted(
         self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, schema: Api | None
     ) -> None:
-        try:
-            body = await asgi.read_body(scope, receive, self.state.max_request_size)
-        except asgi.ClientDisconnected:
+        body = await self._body(scope, receive)
+        if body is None:
             return
         properties = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         session = sessions.answer(self.state.sessions, body, properties)
@@ -360,13 +359,19 @@ class App:
 
         async def endpoint(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
             self._require_ready()
-            try:
-                body = await asgi.read_body(scope, receive, self.state.max_request_size)
-            except asgi.ClientDisconnected:
+            body = await self._body(scope, receive)
+            if body is None:
                 return
             await self._send_answer(scope, send, lambda: answer(body))
 
         return endpoint
+
+    async def _body(self, scope: asgi.Scope, receive: asgi.Receive) -> bytes | None:
+        """The request's body, bounded as every body is; None when the client went away meanwhile."""
+        try:
+            return await asgi.read_body(scope, receive, self.state.max_request_size)
+        except asgi.ClientDisconnected:
+            return None
 
     async def _send_answer(self, scope: asgi.Scope, send: asgi.Send, answer: Callable[[], Any]) -> None:
         try:
@@ -385,9 +390,8 @@ class App:
 
         async def endpoint(scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
             self._require_ready()
-            try:
-                body = await asgi.read_body(scope, receive, self.state.max_request_size)
-            except asgi.ClientDisconnected:
+            body = await self._body(scope, receive)
+            if body is None:
                 return
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             path = scope["path"].rstrip("/")
