@@ -52,6 +52,8 @@ ORDER = {
     "images": 1600,
     "gpu_smoke": 1700,
     "gpu_roofline": 1800,
+    "quant_kernels": 1900,
+    "quantized": 2000,
 }
 
 #: hand-written findings a rerun keeps (see the module's docstring)
