@@ -423,8 +423,9 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     peft: PeftReference,
     tmp_path: Path,
 ) -> None:
-    """An adapter component created while its base is still Creating waits for it; deleting the endpoint
-    takes the adapters and their files with it. An endpoint of its own (the module's stays), and
+    """An adapter component created while its base is still Creating waits for it; the endpoint cannot
+    be deleted while it has components, and ``lmforge delete`` takes the adapters (and their files),
+    then the base, then the endpoint. An endpoint of its own (the module's stays), and
     artifacts it uploads itself: it passes alone and in any order."""
     from lmforge.artifacts import package_model
 
@@ -443,7 +444,10 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     sm.create_inference_component(
         InferenceComponentName="lora-base2",
         EndpointName=endpoint,
-        Specification={"ModelName": "plain-model"},
+        Specification={
+            "ModelName": "plain-model",
+            "ComputeResourceRequirements": {"NumberOfCpuCoresRequired": 1, "MinMemoryRequiredInMb": 1024},
+        },
         RuntimeConfig={"CopyCount": 1},
     )
     sm.create_inference_component(
@@ -463,13 +467,20 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
     first = sorted(containers.glob("lora-base2-*"))
     sm.update_inference_component(
         InferenceComponentName="lora-base2",
-        Specification={"ModelName": "plain-model", "Container": {"Environment": {"OPTION_MAX_LORAS": "3"}}},
+        Specification={
+            "ModelName": "plain-model",
+            "Container": {"Environment": {"OPTION_MAX_LORAS": "3"}},
+            "ComputeResourceRequirements": {"NumberOfCpuCoresRequired": 1, "MinMemoryRequiredInMb": 1024},
+        },
     )
     desc = _wait(sm, "lora-base2", 180)
     assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc, desc
     assert len(sorted(containers.glob("lora-base2-*"))) == len(first) + 1
     assert _tokens(smr, "late-a1", endpoint=endpoint) == peft.greedy(PROMPT, NEW, "a1")
-    sm.delete_endpoint(EndpointName=endpoint)
+    # SageMaker refuses to delete an endpoint that still has components; lmforge delete removes them first
+    with pytest.raises(sm.exceptions.ClientError, match="has inference components"):
+        sm.delete_endpoint(EndpointName=endpoint)
+    lmforge("delete", endpoint, env=local)
     assert sm.list_inference_components(EndpointNameEquals=endpoint)["InferenceComponents"] == []
     deadline = time.monotonic() + 30
     while _adapter_folders(local, "late-a1"):

@@ -636,10 +636,13 @@ def test_inference_components(
     sm.update_inference_component_runtime_config(
         InferenceComponentName="ic-llm", DesiredRuntimeConfig={"CopyCount": 2}
     )
-    assert (
-        sm.describe_inference_component(InferenceComponentName="ic-llm")["RuntimeConfig"]["DesiredCopyCount"]
-        == 2
-    )
+    deadline = time.monotonic() + 120  # the second copy is a second container (the g5.12xlarge has 4 GPUs)
+    while (runtime := sm.describe_inference_component(InferenceComponentName="ic-llm")["RuntimeConfig"])[
+        "CurrentCopyCount"
+    ] != 2:
+        assert time.monotonic() < deadline, runtime
+        time.sleep(0.3)
+    assert runtime["DesiredCopyCount"] == 2
     pid = _container_pid(local, "ic-endpoint")
     sm.delete_inference_component(InferenceComponentName="ic-llm")
     _wait_gone(pid)

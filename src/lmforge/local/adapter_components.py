@@ -54,7 +54,7 @@ class AdapterComponents(Placements):
         with self._adapter_lock(key):
             folder: Path | None = None
             try:
-                container = self._wait_for_base(backend, base, component)
+                copies = self._wait_for_base(backend, base, component)
                 download_s = float(
                     startup.get("ModelDataDownloadTimeoutInSeconds") or DEFAULT_DOWNLOAD_TIMEOUT_S
                 )
@@ -66,7 +66,8 @@ class AdapterComponents(Placements):
                 )
                 with self._lock:
                     previous = self._adapters.get(key)
-                self._register(container, base, component.name, src, update=previous is not None)
+                for container in copies:  # every copy of the base serves the adapter
+                    self._register(container, base, component.name, src, update=previous is not None)
             except Exception as exc:
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -89,7 +90,8 @@ class AdapterComponents(Placements):
                     self._adapters[key] = placement
             if not current:
                 if components(backend).get(component.name) is not component:  # deleted meanwhile
-                    self._deregister(container, component.name)
+                    for container in copies:
+                        self._deregister(container, component.name)
                 shutil.rmtree(folder, ignore_errors=True)
                 return
             component.failure_reason = None
@@ -99,8 +101,9 @@ class AdapterComponents(Placements):
             if old is not None and old.folder != folder:
                 shutil.rmtree(old.folder, ignore_errors=True)
 
-    def _wait_for_base(self, backend: Any, base: str, adapter: Any) -> Container:
-        """The base component's container once it serves; ProvisionError when it never will."""
+    def _wait_for_base(self, backend: Any, base: str, adapter: Any) -> list[Container]:
+        """The base component's live copies once it serves (none while it has zero copies: each copy
+        that starts later registers the adapter); ProvisionError when it never will."""
         from lmforge.local.inference_components import components
 
         key = (backend.account_id, backend.region_name, base)
@@ -114,8 +117,9 @@ class AdapterComponents(Placements):
                 raise ProvisionError(f"The base inference component {base} of {name} no longer exists.")
             with self._lock:
                 placed = self._components.get(key)
-            if placed is not None and placed.container.alive:
-                return placed.container
+            live = [c for c in placed.containers if c.alive] if placed is not None else []
+            if placed is not None and (live or not placed.copies):
+                return live
             if component.status == "Failed":
                 why = component.failure_reason or "no reason given"
                 raise ProvisionError(f"The base inference component {base} is Failed ({why}).")
@@ -178,8 +182,8 @@ class AdapterComponents(Placements):
         with self._adapter_lock(key):
             with self._lock:
                 base = self._components.get((key[0], key[1], placement.base))
-            if base is not None:
-                self._deregister(base.container, key[2])
+            for container in base.containers if base is not None else []:
+                self._deregister(container, key[2])
             shutil.rmtree(placement.folder, ignore_errors=True)
 
     def _register_all(self, base_key: tuple[str, str, str], container: Container) -> None:
@@ -198,7 +202,7 @@ class AdapterComponents(Placements):
 
     def _reregister_after_restart(self, container: Container) -> None:
         with self._lock:
-            keys = [k for k, p in self._components.items() if p.container is container]
+            keys = [k for k, p in self._components.items() if any(c is container for c in p.containers)]
         if not keys or not container.wait_healthy(DEFAULT_HEALTH_CHECK_TIMEOUT_S):
             return
         self._register_all(keys[0], container)

@@ -12,7 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from lmforge.local.hooks import installed_hooks
-from lmforge.local.inference_components import InferenceComponent, check_adapter_spec, components
+from lmforge.local.inference_components import (
+    InferenceComponent,
+    check_adapter_spec,
+    check_copy_count,
+    check_requirements,
+    components,
+)
 from lmforge.local.moto_patch import Patch, Reach, original
 
 BACKEND = "moto.sagemaker.models:SageMakerModelBackend"
@@ -79,7 +85,11 @@ def create_inference_component(self: Any) -> Any:
         check_adapter_spec(backend, spec, endpoint_name, validation_error)
         if not self._get_param("VariantName"):
             variant = components(backend)[spec["BaseInferenceComponentName"]].variant_name
-    runtime = self._get_param("RuntimeConfig") or {}
+    else:
+        check_requirements(spec, _instance_type(backend, endpoint, variant), validation_error)
+    copies = check_copy_count(
+        _raw(self, "RuntimeConfig", "CopyCount", 1), "runtimeConfig.copyCount", validation_error
+    )
     now = utcnow()
     arn = f"arn:aws:sagemaker:{backend.region_name}:{backend.account_id}:inference-component/{name}"
     component = InferenceComponent(
@@ -89,7 +99,7 @@ def create_inference_component(self: Any) -> Any:
         endpoint_arn=endpoint.arn,
         variant_name=variant,
         specification=spec,
-        copy_count=int(runtime.get("CopyCount", 1)),
+        copy_count=copies,
         created=now,
         modified=now,
     )
@@ -136,14 +146,24 @@ def update_inference_component(self: Any) -> Any:
                 f"(it is {component.base_name or 'not set'}); create a new inference component instead."
             )
         check_adapter_spec(backend, spec, component.endpoint_name, validation_error)
-    if runtime:
-        component.copy_count = int(runtime.get("CopyCount", component.copy_count))
+    elif spec:
+        endpoint = backend.endpoints.get(component.endpoint_name)
+        check_requirements(spec, _instance_type(backend, endpoint, component.variant_name), validation_error)
+    copies = None
+    if runtime and "CopyCount" in runtime:
+        copies = check_copy_count(
+            _raw(self, "RuntimeConfig", "CopyCount", None), "runtimeConfig.copyCount", validation_error
+        )
+    if copies is not None:
+        component.copy_count = copies
     component.modified = utcnow()
     if spec:
         component.specification = spec
         component.status = "Updating"
         component.failure_reason = None
         installed_hooks().component_created(backend, component)
+    elif copies is not None:
+        installed_hooks().component_scaling(backend, component)
     return _result({"InferenceComponentArn": component.arn})
 
 
@@ -151,10 +171,19 @@ def update_inference_component_runtime_config(self: Any) -> Any:
     """``UpdateInferenceComponentRuntimeConfig``: the desired copy count."""
     from moto.core.utils import utcnow
 
-    component = _get(self.sagemaker_backend, self._get_param("InferenceComponentName"))
+    backend = self.sagemaker_backend
+    component = _get(backend, self._get_param("InferenceComponentName"))
     desired = self._get_param("DesiredRuntimeConfig") or {}
-    component.copy_count = int(desired.get("CopyCount", component.copy_count))
+    if "CopyCount" not in desired:
+        raise _validation_error()("DesiredRuntimeConfig.CopyCount is required.")
+    copies = check_copy_count(
+        _raw(self, "DesiredRuntimeConfig", "CopyCount", None),
+        "desiredRuntimeConfig.copyCount",
+        _validation_error(),
+    )
+    component.copy_count = copies
     component.modified = utcnow()
+    installed_hooks().component_scaling(backend, component)
     return _result({"InferenceComponentArn": component.arn})
 
 
@@ -174,6 +203,28 @@ def delete_inference_component(self: Any) -> Any:
     component.status = "Deleting"
     installed_hooks().component_deleted(backend, component)
     return EmptyResult()
+
+
+def _raw(self: Any, member: str, key: str, default: object) -> object:
+    """``member.key`` as the client sent it (moto's parser turns 1.5 and "2" into integers, which
+    SageMaker refuses)."""
+    import json
+
+    try:
+        body = json.loads(self.body or b"{}")
+    except (ValueError, TypeError):
+        body = {}
+    value = body.get(member) if isinstance(body, dict) else None
+    return value.get(key, default) if isinstance(value, dict) else default
+
+
+def _instance_type(backend: Any, endpoint: Any, variant: str) -> str:
+    """The instance type of ``variant`` in the endpoint's configuration ("" when it has none)."""
+    config = backend.describe_endpoint_config(endpoint.endpoint_config_name)
+    for row in config["ProductionVariants"]:
+        if row["VariantName"] == variant:
+            return str(row.get("InstanceType") or "")
+    return ""
 
 
 def validate_production_variants(self: Any, production_variants: list[dict[str, Any]]) -> None:
@@ -207,6 +258,12 @@ REACHES: tuple[Reach, ...] = (
     Reach("moto.core.responses", ("EmptyResult",)),
     Reach("moto.core.utils", ("utcnow",)),
     Reach(RESPONSE, ("sagemaker_backend", "_get_param")),
+    Reach(RESPONSE, ("body",), set_in="setup_class"),
     Reach(BACKEND, ("endpoints", "_models", "region_name", "account_id"), set_in="__init__"),
-    Reach("moto.sagemaker.models:FakeEndpoint", ("arn", "production_variants"), set_in="__init__"),
+    Reach(
+        "moto.sagemaker.models:FakeEndpoint",
+        ("arn", "production_variants", "endpoint_config_name"),
+        set_in="__init__",
+    ),
+    Reach(BACKEND, ("describe_endpoint_config",)),
 )

@@ -24,6 +24,9 @@ class EndpointHooks(Protocol):
 
     def component_created(self, backend: Any, component: Any) -> None: ...
 
+    def component_scaling(self, backend: Any, component: Any) -> None:
+        """``UpdateInferenceComponentRuntimeConfig``: the component's copy count changed."""
+
     def component_deleted(self, backend: Any, component: Any) -> None: ...
 
 

@@ -120,6 +120,58 @@ def check_adapter_spec(backend: Any, spec: dict[str, Any], endpoint_name: str, v
         )
 
 
+#: ``ComputeResourceRequirements``' fields: (the instance's figure they are held against, its unit,
+#: SageMaker's minimum)
+REQUIREMENTS = {
+    "NumberOfCpuCoresRequired": ("cpus", "vCPUs", 0.25),
+    "MinMemoryRequiredInMb": ("memory_mb", "MiB of memory", 128),
+    "NumberOfAcceleratorDevicesRequired": ("accelerators", "accelerator devices", 1),
+}
+
+
+def check_copy_count(value: object, field_name: str, validation_error: Any) -> int:
+    """A ``CopyCount`` as SageMaker takes it: a whole number >= 0 (``field_name``: as its message
+    names it)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise validation_error(
+            f"1 validation error detected: Value '{value}' at '{field_name}' failed to satisfy constraint: "
+            "Member must be an integer"
+        )
+    if value < 0:
+        raise validation_error(
+            f"1 validation error detected: Value '{value}' at '{field_name}' failed to satisfy constraint: "
+            "Member must have value greater than or equal to 0"
+        )
+    return value
+
+
+def check_requirements(spec: dict[str, Any], instance_type: str, validation_error: Any) -> None:
+    """A base component's ``ComputeResourceRequirements``: given (memory at least), within SageMaker's
+    bounds, and no more than one instance of the variant's type has."""
+    from lmforge.local.placements import instance_capacity
+
+    needs = spec.get("ComputeResourceRequirements")
+    if not isinstance(needs, dict) or "MinMemoryRequiredInMb" not in needs:
+        raise validation_error(
+            "Specification.ComputeResourceRequirements.MinMemoryRequiredInMb is required for an inference "
+            "component that hosts a model (only an adapter inference component omits "
+            "ComputeResourceRequirements)."
+        )
+    capacity = instance_capacity(instance_type)
+    for key, (attr, unit, minimum) in REQUIREMENTS.items():
+        if key not in needs:
+            continue
+        value = needs[key]
+        where = f"Specification.ComputeResourceRequirements.{key}"
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+            raise validation_error(f"{where} must be a number >= {minimum} (got {value!r}).")
+        if capacity is not None and value > getattr(capacity, attr):
+            raise validation_error(
+                f"{where} ({value:g}) is more than an instance of type {instance_type} has "
+                f"({getattr(capacity, attr):g} {unit}); choose an instance type with more, or require less."
+            )
+
+
 @dataclass
 class _Store:
     """One moto backend's inference components; ``state``: the backend's attribute dict when the store

@@ -86,7 +86,16 @@ def create_endpoint(self: Any, endpoint_name: str, endpoint_config_name: str, ta
 
 
 def delete_endpoint(self: Any, endpoint_name: str) -> None:
-    """``DeleteEndpoint``: moto's, then the endpoint's containers are stopped."""
+    """``DeleteEndpoint``: refused while inference components are on it (as SageMaker refuses it);
+    moto's, then the endpoint's containers are stopped."""
+    from lmforge.local.inference_components import components
+
+    on_it = sorted(c.name for c in components(self).values() if c.endpoint_name == endpoint_name)
+    if on_it and endpoint_name in self.endpoints:
+        raise _validation_error()(
+            f"Cannot delete endpoint {endpoint_name}: it has inference components ({', '.join(on_it)}). "
+            "Delete the inference components first."
+        )
     original(BACKEND, "delete_endpoint")(self, endpoint_name)
     installed_hooks().endpoint_deleted(self, endpoint_name)
 

@@ -4,9 +4,10 @@ watchdog and the adapter components share (one lock), and the errors they raise.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lmforge.local.containers import Container
 
@@ -44,13 +45,135 @@ class Deployment:
         return [c for group in self.containers.values() for c in group]
 
 
+@dataclass(frozen=True)
+class Needs:
+    """What one copy of an inference component reserves on an instance
+    (``Specification.ComputeResourceRequirements``)."""
+
+    cpus: float = 0.0
+    memory_mb: float = 0.0
+    accelerators: float = 0.0
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> Needs:
+        needs = spec.get("ComputeResourceRequirements") or {}
+        return cls(
+            float(needs.get("NumberOfCpuCoresRequired") or 0),
+            float(needs.get("MinMemoryRequiredInMb") or 0),
+            float(needs.get("NumberOfAcceleratorDevicesRequired") or 0),
+        )
+
+
+def instance_capacity(instance_type: object) -> Needs | None:
+    """The cores, memory (MiB) and accelerators of an instance type (None when lmforge's table lacks it)."""
+    from lmforge.deploy.instances import get_instance
+
+    try:
+        found = get_instance(str(instance_type))
+    except ValueError:
+        return None
+    return Needs(float(found.vcpus), found.host_memory_gib * 1024, float(found.gpu_count))
+
+
+@dataclass
+class Host:
+    """One instance of a variant that hosts inference components: its capacity (None: lmforge's
+    instance table lacks the type, and nothing is limited) and what its copies reserve. Bookkeeping
+    only: each copy is its own container."""
+
+    name: str
+    capacity: Needs | None
+    reserved: list[Needs] = field(default_factory=list)
+
+    def fits(self, needs: Needs) -> bool:
+        if self.capacity is None:
+            return True
+        used = Needs(
+            sum(n.cpus for n in self.reserved),
+            sum(n.memory_mb for n in self.reserved),
+            sum(n.accelerators for n in self.reserved),
+        )
+        return (
+            used.cpus + needs.cpus <= self.capacity.cpus + 1e-9
+            and used.memory_mb + needs.memory_mb <= self.capacity.memory_mb + 1e-9
+            and used.accelerators + needs.accelerators <= self.capacity.accelerators + 1e-9
+        )
+
+    def release(self, needs: Needs) -> None:
+        if needs in self.reserved:
+            self.reserved.remove(needs)
+
+
+@dataclass
+class VariantHosts:
+    """The instances of one production variant that hosts inference components, and how managed
+    instance scaling may change their number (``ManagedInstanceScaling``)."""
+
+    instance_type: str
+    capacity: Needs | None
+    hosts: list[Host]
+    managed: bool = False
+    min_count: int = 1
+    max_count: int = 1
+    started: int = 0
+    """Instances started so far (names them)."""
+
+    def add(self) -> Host:
+        self.started += 1
+        host = Host(f"{self.instance_type}-{self.started}", self.capacity)
+        self.hosts.append(host)
+        return host
+
+    def place(self, needs: Needs) -> Host | None:
+        """Reserve ``needs`` on the first instance with room, or on a new one where managed instance
+        scaling allows it; None when the copy fits nowhere."""
+        for host in self.hosts:
+            if host.fits(needs):
+                host.reserved.append(needs)
+                return host
+        if self.managed and len(self.hosts) < self.max_count:
+            host = self.add()
+            if host.fits(needs):
+                host.reserved.append(needs)
+                return host
+            self.hosts.remove(host)
+        return None
+
+    def scale_in(self) -> list[Host]:
+        """Managed instance scaling: the instances that hold no copy go, down to ``min_count``."""
+        if not self.managed:
+            return []
+        gone = []
+        for host in list(reversed(self.hosts)):
+            if len(self.hosts) <= self.min_count:
+                break
+            if not host.reserved:
+                self.hosts.remove(host)
+                gone.append(host)
+        return gone
+
+
+@dataclass
+class Copy:
+    """One copy of an inference component: its container, on one of the variant's instances."""
+
+    container: Container
+    host: Host
+    needs: Needs
+
+
 @dataclass
 class Placement:
-    """The container of one inference component."""
+    """The copies of one inference component (``generation``: of the specification they run)."""
 
     endpoint_name: str
     variant: str
-    container: Container
+    copies: list[Copy] = field(default_factory=list)
+    generation: int = 0
+
+    @property
+    def containers(self) -> list[Container]:
+        return [c.container for c in self.copies]
 
 
 @dataclass
@@ -95,6 +218,8 @@ class Placements:
         self._deployments: dict[Key, Deployment] = {}
         self._components: dict[Key, Placement] = {}
         self._adapters: dict[Key, AdapterPlacement] = {}
+        self._hosts: dict[tuple[str, str, str, str], VariantHosts] = {}
+        """(account, region, endpoint, variant) -> the instances of a variant for inference components."""
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._counting = threading.Lock()

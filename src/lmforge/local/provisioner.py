@@ -34,8 +34,9 @@ from lmforge.local.adapter_components import (
     allow_adapter_root,
 )
 from lmforge.local.containers import Container, ImageContainer, new_folder, reap_orphans
+from lmforge.local.copies import Copies
 from lmforge.local.model_data import ModelDataError, fetch_model_data, s3_client
-from lmforge.local.placements import RANDOM, Deployment, Placement, ProvisionError, Route, RouteError
+from lmforge.local.placements import RANDOM, Deployment, ProvisionError, Route, RouteError
 from lmforge.local.routing import Router
 from lmforge.local.runners import ImageUnavailable, InstanceRunner
 from lmforge.local.scaling import Scaling
@@ -47,9 +48,10 @@ log = logging.getLogger("lmforge.local")
 __all__ = ["ProvisionError", "Provisioner", "Route", "RouteError"]
 
 
-class Provisioner(Router, AdapterComponents, Supervision, Scaling):
+class Provisioner(Router, AdapterComponents, Copies, Supervision, Scaling):
     """Implements :class:`lmforge.local.hooks.EndpointHooks` (the control plane's calls); routing,
-    supervision, scaling and adapter components come from the classes it is made of."""
+    supervision, scaling, the copies of inference components and adapter components come from the
+    classes it is made of."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class Provisioner(Router, AdapterComponents, Supervision, Scaling):
         self.base_env = dict(os.environ if base_env is None else base_env)
         self._adapter_locks: dict[tuple[str, str, str], threading.Lock] = {}
         self._next_restart: dict[int, float] = {}
+        self._copies_init()
 
     def start(self) -> None:
         """Clean up after an earlier run that crashed, then supervise containers."""
@@ -88,8 +91,11 @@ class Provisioner(Router, AdapterComponents, Supervision, Scaling):
     def endpoint_deleted(self, backend: Any, endpoint_name: str) -> None:
         from lmforge.local.inference_components import components
 
+        endpoint_key = (backend.account_id, backend.region_name, endpoint_name)
         with self._lock:
-            deployment = self._deployments.pop((backend.account_id, backend.region_name, endpoint_name), None)
+            deployment = self._deployments.pop(endpoint_key, None)
+            for key in [k for k in self._hosts if k[:3] == endpoint_key]:
+                del self._hosts[key]
         if deployment is not None:
             self._stop_later(deployment.instances())
         store = components(backend)
@@ -99,8 +105,19 @@ class Provisioner(Router, AdapterComponents, Supervision, Scaling):
             self.component_deleted(backend, component)
 
     def component_created(self, backend: Any, component: Any) -> None:
-        """A new inference component, or a new specification for one: start its container."""
-        self._run(lambda: self._provision_component(backend, component), component.name)
+        """A new inference component, or a new specification for one: start its copies (an adapter
+        component: register it with its base's)."""
+        if component.base_name:
+            self._run(lambda: self._provision_component(backend, component), component.name)
+            return
+        with component.lock:
+            component.generation += 1
+        self._reconcile_later(backend, component.endpoint_name, component.variant_name)
+
+    def component_scaling(self, backend: Any, component: Any) -> None:
+        """``UpdateInferenceComponentRuntimeConfig``: start or stop copies to the new count."""
+        if not component.base_name:
+            self._reconcile_later(backend, component.endpoint_name, component.variant_name)
 
     def component_deleted(self, backend: Any, component: Any) -> None:
         key = (backend.account_id, backend.region_name, component.name)
@@ -113,15 +130,16 @@ class Provisioner(Router, AdapterComponents, Supervision, Scaling):
         with self._lock:
             placed = self._components.pop(key, None)
         if placed is not None:
-            self._stop_later([placed.container])
+            self._drop(placed.copies)
         shutil.rmtree(self._adapter_root(key[0], key[1], component.name), ignore_errors=True)
+        self._reconcile_later(backend, component.endpoint_name, component.variant_name)  # room, scale-in
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop every container and wait for all provisioning and stopping to finish."""
         self._stopping.set()
         with self._lock:
             containers = [c for d in self._deployments.values() for c in d.instances()]
-            containers += [p.container for p in self._components.values()]
+            containers += [c for p in self._components.values() for c in p.containers]
             self._deployments.clear()
             self._components.clear()
         self._stop_later(containers)
@@ -237,66 +255,11 @@ class Provisioner(Router, AdapterComponents, Supervision, Scaling):
             t.join()
 
     def _provision_component(self, backend: Any, component: Any) -> None:
-        from lmforge.local.inference_components import components
-
+        """An adapter component (base components are :class:`~lmforge.local.copies.Copies`')."""
         with component.lock:
             component.generation += 1
             generation = component.generation
-        updating = component.status == "Updating"
-        spec = component.specification
-        if spec.get("BaseInferenceComponentName"):
-            self._provision_adapter(backend, component, generation, updating)
-            return
-        key = (backend.account_id, backend.region_name, component.name)
-        try:
-            container_spec: dict[str, Any] = {}
-            if spec.get("ModelName"):
-                container_spec = self._model_container(backend, spec["ModelName"])
-            extra = spec.get("Container") or {}
-            if extra.get("ArtifactUrl"):
-                container_spec["ModelDataUrl"] = extra["ArtifactUrl"]
-                container_spec.pop("ModelDataSource", None)
-            if extra.get("Image"):
-                container_spec["Image"] = extra["Image"]
-            container_spec["Environment"] = {
-                **(container_spec.get("Environment") or {}),
-                **(extra.get("Environment") or {}),
-            }
-            container = self._launch(
-                component.endpoint_name,
-                component.name,
-                container_spec,
-                spec.get("StartupParameters") or {},
-                adapter_root=self._adapter_root(*key),
-                memory_gib=_component_memory_gib(spec),
-            )
-            # a new container for a base component: its adapter components move to it before it serves
-            self._register_all(key, container)
-        except Exception as exc:
-            reason = str(exc) if isinstance(exc, ProvisionError) else f"{type(exc).__name__}: {exc}"
-            if component.generation == generation:
-                component.failure_reason = reason[:FAILURE_REASON_MAX]
-                component.status = "InService" if updating else "Failed"
-            return
-        with self._lock:
-            registered = components(backend).get(component.name)
-            current = (
-                not self._stopping.is_set()
-                and registered is not None
-                and registered is component
-                and registered.generation == generation
-            )
-            old = self._components.get(key) if current else None
-            if current:
-                self._components[key] = Placement(component.endpoint_name, component.variant_name, container)
-        if not current:
-            self._stop_later([container])
-            return
-        component.failure_reason = None
-        component.current_copies = component.copy_count
-        component.status = "InService"
-        if old is not None:
-            self._stop_later([old.container])
+        self._provision_adapter(backend, component, generation, component.status == "Updating")
 
     @staticmethod
     def _model_container(backend: Any, model_name: str) -> dict[str, Any]:
@@ -378,13 +341,4 @@ def _instance_memory_gib(instance_type: object) -> float | None:
     try:
         return float(get_instance(str(instance_type)).host_memory_gib)
     except (ValueError, KeyError):
-        return None
-
-
-def _component_memory_gib(spec: Mapping[str, Any]) -> float | None:
-    """An inference component's ``ComputeResourceRequirements.MinMemoryRequiredInMb`` in GiB."""
-    needs = spec.get("ComputeResourceRequirements") or {}
-    try:
-        return float(needs["MinMemoryRequiredInMb"]) / 1024
-    except (KeyError, TypeError, ValueError):
         return None

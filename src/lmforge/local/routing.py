@@ -2,6 +2,9 @@
 ``TargetVariant`` or by weight among live ones), an inference component, or an adapter component
 (its base component's container, with the adapter named in a header).
 
+An inference component's invocation goes to one of its copies, chosen by the variant's routing
+strategy; one with no copy is refused as SageMaker refuses it (:data:`NO_CAPACITY`).
+
 Within a variant, one of its instances: the one holding the request's sticky session, else as the
 variant's ``RoutingConfig.RoutingStrategy`` says: ``RANDOM`` (SageMaker's default) or
 ``LEAST_OUTSTANDING_REQUESTS`` (the instance with the fewest invocations in flight, ties broken at
@@ -19,6 +22,12 @@ from lmforge.local.placements import LEAST_OUTSTANDING_REQUESTS, RANDOM, Placeme
 
 #: the sticky sessions the router remembers (the oldest are forgotten first)
 MAX_SESSIONS = 100_000
+#: SageMaker's answer to an invocation of an inference component that has no copy
+NO_CAPACITY = (
+    "Inference Component has no capacity to process this request. ApplicationAutoScaling may be "
+    "in-progress (if configured) or try to increase the capacity by invoking "
+    "UpdateInferenceComponentRuntimeConfig API."
+)
 
 
 class Router(Placements):
@@ -64,6 +73,40 @@ class Router(Placements):
             for variant, group in sorted(d.containers.items())
             for i, c in enumerate(group)
         ]
+
+    def components_report(self) -> list[dict[str, object]]:
+        """Every copy of every inference component, with the instance it was placed on and its
+        routing counts (the runtime's ``GET /lmforge/instances``, under ``components``)."""
+        with self._lock:
+            placed = [(k, p, list(p.copies)) for k, p in self._components.items()]
+            hosts = {k: [h.name for h in v.hosts] for k, v in self._hosts.items()}
+        rows: list[dict[str, object]] = []
+        for (_, region, name), p, copies in sorted(placed, key=lambda x: x[0]):
+            for i, copy in enumerate(copies):
+                c = copy.container
+                rows.append(
+                    {
+                        "endpoint": p.endpoint_name,
+                        "region": region,
+                        "variant": p.variant,
+                        "component": name,
+                        "copy": i,
+                        "instance": copy.host.name,
+                        "port": c.port,
+                        "alive": c.alive,
+                        "outstanding": c.outstanding,
+                        "invocations": c.invocations,
+                        "restarts": c.restarts,
+                    }
+                )
+        for (_, region, endpoint, variant), names in sorted(hosts.items()):
+            used = {r["instance"] for r in rows if r["endpoint"] == endpoint and r["variant"] == variant}
+            rows += [
+                {"endpoint": endpoint, "region": region, "variant": variant, "component": None, "instance": h}
+                for h in names
+                if h not in used
+            ]
+        return rows
 
     def finished(self, route: Route) -> None:
         """An invocation sent along ``route`` has ended (answered, failed or abandoned)."""
@@ -113,6 +156,11 @@ class Router(Placements):
                 raise RouteError(f"Endpoint {endpoint_name} is not in service yet; wait for InService.")
             raise RouteError(f"Endpoint {endpoint_name} of account {self.account} not found.")
         deployment = found[0]
+        if component is not None and target_variant is not None:
+            raise RouteError(
+                "TargetVariant cannot be specified together with InferenceComponentName: an inference "
+                "component is invoked on its own variant."
+            )
         if component is not None and adapter and adapter[0][0].endpoint_name == endpoint_name:
             placement, base = adapter[0]
             if base is None:
@@ -120,15 +168,18 @@ class Router(Placements):
                     f"Inference component {component} is not in service on endpoint {endpoint_name} "
                     f"(its base inference component {placement.base} is not)."
                 )
+            if not base.copies:
+                raise RouteError(NO_CAPACITY)
+            instance = _pick(base.containers, deployment.routing.get(placement.variant, RANDOM))
             return Route(
                 deployment.account,
                 deployment.region,
                 endpoint_name,
                 deployment.endpoint_arn,
                 placement.variant,
-                base.container.port,
+                instance.port,
                 adapter=component,
-                instance=base.container,
+                instance=instance,
             )
         if component is not None:
             if not placed or placed[0].endpoint_name != endpoint_name:
@@ -136,14 +187,17 @@ class Router(Placements):
                     f"Inference component {component} is not in service on endpoint {endpoint_name}."
                 )
             p = placed[0]
+            if not p.copies:
+                raise RouteError(NO_CAPACITY)
+            instance = _pick(p.containers, deployment.routing.get(p.variant, RANDOM))
             return Route(
                 deployment.account,
                 deployment.region,
                 endpoint_name,
                 deployment.endpoint_arn,
                 p.variant,
-                p.container.port,
-                instance=p.container,
+                instance.port,
+                instance=instance,
             )
         if not deployment.containers:
             raise RouteError(

@@ -93,7 +93,10 @@ class _Handler(Exchange):
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path == INSTANCES_PATH:  # lmforge's own: where each endpoint's requests went
-            data = json.dumps({"instances": self.server.provisioner.instances_report()}).encode()
+            provisioner = self.server.provisioner
+            data = json.dumps(
+                {"instances": provisioner.instances_report(), "components": provisioner.components_report()}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

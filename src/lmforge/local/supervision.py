@@ -28,7 +28,7 @@ class Supervision(Placements):
         while not self._stopping.wait(WATCH_EVERY_S):
             with self._lock:
                 registered = [c for d in self._deployments.values() for c in d.instances()]
-                registered += [p.container for p in self._components.values()]
+                registered += [c for p in self._components.values() for c in p.containers]
             now = time.monotonic()
             for container in registered:
                 if container.alive or container.stopping:

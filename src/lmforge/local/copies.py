@@ -1,0 +1,305 @@
+"""The copies of base inference components: each copy is a container, placed on one of its variant's
+instances by its ``ComputeResourceRequirements`` against the instance type's cores, memory and
+accelerators (lmforge's table, :mod:`lmforge.deploy.instances`); several components and copies share
+an instance while they fit.
+
+One reconciler per variant (:meth:`Copies._reconcile_later`) brings every component on it to its
+``CopyCount``, oldest component first: it stops the idlest copies over the count, starts the missing
+ones where they fit, and replaces all of a component's copies when its specification changed (the
+new copies start beside the old ones, which stop once the new serve). A copy that fits nowhere starts
+an instance when the variant has ``ManagedInstanceScaling`` (up to ``MaxInstanceCount``), else it
+waits, and the component's ``CurrentCopyCount`` stays below its desired count until room is made.
+Instances that hold no copy stop under managed instance scaling, down to ``MinInstanceCount`` (0
+included). The endpoint's variant reports the instances as its ``CurrentInstanceCount``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lmforge.local.adapter_components import FAILURE_REASON_MAX
+from lmforge.local.containers import Container
+from lmforge.local.placements import (
+    Copy,
+    Key,
+    Needs,
+    Placement,
+    Placements,
+    ProvisionError,
+    VariantHosts,
+    instance_capacity,
+)
+
+log = logging.getLogger("lmforge.local")
+
+VariantKey = tuple[str, str, str, str]
+"""(account, region, endpoint, variant)."""
+
+
+class Copies(Placements):
+    state_dir: Any
+    _launch: Callable[..., Container]
+    _model_container: Callable[[Any, str], dict[str, Any]]
+    _register_all: Callable[[Key, Container], None]
+    _adapter_root: Callable[[str, str, str], Any]
+
+    def _copies_init(self) -> None:
+        self._dirty: set[VariantKey] = set()
+        self._reconciling: set[VariantKey] = set()
+
+    # ----- the variant's instances
+    def _variant_hosts(self, backend: Any, endpoint_name: str, variant: str) -> VariantHosts | None:
+        """The instances of ``variant`` (made from the endpoint configuration the first time), or None
+        when the endpoint is gone."""
+        key = (backend.account_id, backend.region_name, endpoint_name, variant)
+        with self._lock:
+            found = self._hosts.get(key)
+        if found is not None:
+            return found
+        endpoint = backend.endpoints.get(endpoint_name)
+        if endpoint is None:
+            return None
+        config = backend.describe_endpoint_config(endpoint.endpoint_config_name)
+        spec = next((v for v in config["ProductionVariants"] if v["VariantName"] == variant), None)
+        if spec is None:
+            return None
+        scaling = spec.get("ManagedInstanceScaling") or {}
+        initial = int(spec.get("InitialInstanceCount") or 0)
+        managed = scaling.get("Status") == "ENABLED"
+        hosts = VariantHosts(
+            instance_type=str(spec.get("InstanceType")),
+            capacity=instance_capacity(spec.get("InstanceType")),
+            hosts=[],
+            managed=managed,
+            min_count=int(scaling.get("MinInstanceCount", initial)) if managed else initial,
+            max_count=int(scaling.get("MaxInstanceCount", initial)) if managed else initial,
+        )
+        for _ in range(initial):
+            hosts.add()
+        with self._lock:
+            return self._hosts.setdefault(key, hosts)
+
+    # ----- reconciling
+    def _reconcile_later(self, backend: Any, endpoint_name: str, variant: str) -> None:
+        """Bring the variant's components to their copy counts (one reconciler per variant at a time;
+        a change while it runs makes it go round again)."""
+        key = (backend.account_id, backend.region_name, endpoint_name, variant)
+        with self._lock:
+            self._dirty.add(key)
+            if key in self._reconciling:
+                return
+            self._reconciling.add(key)
+        self._run(lambda: self._reconcile(backend, key), f"copies-{endpoint_name}-{variant}")
+
+    def _reconcile(self, backend: Any, key: VariantKey) -> None:
+        from lmforge.local.inference_components import components
+
+        endpoint_name, variant = key[2], key[3]
+        try:
+            while not self._stopping.is_set():
+                with self._lock:
+                    self._dirty.discard(key)
+                hosts = self._variant_hosts(backend, endpoint_name, variant)
+                if hosts is None:
+                    break
+                on_variant = sorted(
+                    (
+                        c
+                        for c in list(components(backend).values())
+                        if c.endpoint_name == endpoint_name and c.variant_name == variant and not c.base_name
+                    ),
+                    key=lambda c: c.created,
+                )
+                freed = False
+                for component in on_variant:
+                    freed |= self._settle(backend, component, hosts)
+                with self._lock:
+                    gone = hosts.scale_in()
+                for host in gone:
+                    log.info("endpoint %s variant %s: instance %s stopped", endpoint_name, variant, host.name)
+                self._report_instances(backend, endpoint_name, variant, hosts)
+                short = any(c.current_copies < c.copy_count for c in on_variant)
+                with self._lock:
+                    if freed and short:
+                        self._dirty.add(key)
+                    if key not in self._dirty:
+                        self._reconciling.discard(key)
+                        return
+        finally:  # the next change starts a reconciler again
+            with self._lock:
+                self._reconciling.discard(key)
+
+    def _settle(self, backend: Any, component: Any, hosts: VariantHosts) -> bool:
+        """One component to its copy count (or onto its new specification); True when copies stopped."""
+        key = (backend.account_id, backend.region_name, component.name)
+        generation = component.generation
+        with self._lock:
+            placed = self._components.get(key)
+        if placed is None and component.status == "Failed":
+            return False  # its copies did not start; an UpdateInferenceComponent tries again
+        if placed is None or placed.generation != generation:
+            return self._replace(backend, component, hosts, placed, generation)
+        want, have = component.copy_count, len(placed.copies)
+        freed = False
+        if want < have:
+            with self._lock:  # the idlest go first; what they still serve ends before they stop
+                placed.copies.sort(key=lambda c: c.container.outstanding, reverse=True)
+                removed = placed.copies[want:]
+                del placed.copies[want:]
+                for copy in removed:
+                    copy.host.release(copy.needs)
+            self._stop_later([c.container for c in removed])
+            freed = True
+        elif want > have:
+            started, errors = self._start_copies(backend, component, hosts, want - have)
+            with self._lock:
+                current = self._components.get(key) is placed
+                current = current and self._current(backend, component, generation)
+                if current:
+                    placed.copies.extend(started)
+            if not current:
+                self._drop(started)
+            elif errors:
+                component.failure_reason = " ".join(errors)[:FAILURE_REASON_MAX]
+        if self._current(backend, component, generation):
+            component.current_copies = len(placed.copies)
+            if component.status in ("Updating", "Creating"):
+                component.status = "InService"
+        return freed
+
+    def _replace(
+        self, backend: Any, component: Any, hosts: VariantHosts, placed: Placement | None, generation: int
+    ) -> bool:
+        """Start the copies of a new component, or of a new specification; the old copies stop once the
+        new ones serve. A create whose copies fit nowhere stays ``Creating`` until they fit."""
+        key = (backend.account_id, backend.region_name, component.name)
+        updating = placed is not None
+        started, errors = self._start_copies(backend, component, hosts, component.copy_count)
+        if errors or (component.copy_count and not started):
+            if errors or updating:
+                reason = " ".join(errors) or (
+                    f"No instance of {hosts.instance_type} has room for a copy of {component.name}."
+                )
+                self._drop(started)
+                if component.generation == generation:
+                    component.failure_reason = reason[:FAILURE_REASON_MAX]
+                    component.status = "InService" if updating else "Failed"
+                    if updating:  # the old copies keep serving the old specification
+                        with self._lock:
+                            if self._components.get(key) is placed and placed is not None:
+                                placed.generation = generation
+            return False  # nothing fits yet: Creating until room is made
+        fresh = Placement(component.endpoint_name, component.variant_name, started, generation)
+        with self._lock:
+            current = self._current(backend, component, generation)
+            if current:
+                self._components[key] = fresh
+        if not current:
+            self._drop(started)
+            return False
+        component.failure_reason = None
+        component.current_copies = len(started)
+        component.status = "InService"
+        log.info("inference component %s is InService with %d copies", component.name, len(started))
+        if placed is not None:
+            self._drop(placed.copies)
+            return bool(placed.copies)
+        return False
+
+    def _current(self, backend: Any, component: Any, generation: int) -> bool:
+        from lmforge.local.inference_components import components
+
+        return (
+            not self._stopping.is_set()
+            and component.generation == generation
+            and components(backend).get(component.name) is component
+        )
+
+    def _drop(self, copies: list[Copy]) -> None:
+        """Stop copies and give their room back."""
+        with self._lock:
+            for copy in copies:
+                copy.host.release(copy.needs)
+        self._stop_later([c.container for c in copies])
+
+    def _start_copies(
+        self, backend: Any, component: Any, hosts: VariantHosts, count: int
+    ) -> tuple[list[Copy], list[str]]:
+        """Reserve room for up to ``count`` copies and start them at once; (the copies serving, the
+        errors of those that did not start)."""
+        if count <= 0:
+            return [], []
+        spec = component.specification
+        needs = Needs.of(spec)
+        with self._lock:
+            reserved = [h for _ in range(count) if (h := hosts.place(needs)) is not None]
+        if not reserved:
+            return [], []
+        key = (backend.account_id, backend.region_name, component.name)
+        try:
+            container_spec = self._component_container(backend, spec)
+        except Exception as exc:
+            with self._lock:
+                for host in reserved:
+                    host.release(needs)
+            return [], [_reason(exc)]
+        started: list[Copy] = []
+        errors: list[str] = []
+
+        def one(host: Any) -> None:
+            try:
+                container = self._launch(
+                    component.endpoint_name,
+                    component.name,
+                    container_spec,
+                    spec.get("StartupParameters") or {},
+                    adapter_root=self._adapter_root(*key),
+                    memory_gib=needs.memory_mb / 1024 if needs.memory_mb else None,
+                )
+                # a new copy of a base component: its adapter components are registered before it serves
+                self._register_all(key, container)
+                started.append(Copy(container, host, needs))
+            except Exception as exc:
+                with self._lock:
+                    host.release(needs)
+                errors.append(_reason(exc))
+
+        threads = [threading.Thread(target=one, args=(h,)) for h in reserved]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return started, errors
+
+    def _component_container(self, backend: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The container a copy runs: the ``ModelName``'s, with the ``Container``'s image, artifact and
+        environment over it."""
+        container_spec: dict[str, Any] = {}
+        if spec.get("ModelName"):
+            container_spec = self._model_container(backend, spec["ModelName"])
+        extra = spec.get("Container") or {}
+        if extra.get("ArtifactUrl"):
+            container_spec["ModelDataUrl"] = extra["ArtifactUrl"]
+            container_spec.pop("ModelDataSource", None)
+        if extra.get("Image"):
+            container_spec["Image"] = extra["Image"]
+        container_spec["Environment"] = {
+            **(container_spec.get("Environment") or {}),
+            **(extra.get("Environment") or {}),
+        }
+        return container_spec
+
+    def _report_instances(self, backend: Any, endpoint_name: str, variant: str, hosts: VariantHosts) -> None:
+        endpoint = backend.endpoints.get(endpoint_name)
+        if endpoint is None:
+            return
+        for row in endpoint.production_variants:
+            if row.get("VariantName") == variant:
+                row["CurrentInstanceCount"] = row["DesiredInstanceCount"] = len(hosts.hosts)
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ProvisionError) else f"{type(exc).__name__}: {exc}"
