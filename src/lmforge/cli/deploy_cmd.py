@@ -17,6 +17,7 @@ from lmforge.cli.progress import note as _echo
 
 if TYPE_CHECKING:
     from lmforge.deploy import Autoscale, Deployment, DeployResult, DeploySettings
+    from lmforge.deploy.components import ComponentResult
     from lmforge.deploy.settings import ArtifactFormat, ContainerEngineName, RoutingStrategy
 
 
@@ -90,6 +91,36 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--replace", is_flag=True, help="Delete a Failed endpoint of that name first.")
 @click.option("--no-wait", is_flag=True, help="Return once SageMaker has accepted the request.")
 @click.option(
+    "--inference-component",
+    metavar="NAME",
+    help="Deploy as this inference component of the endpoint (the endpoint is created for components, "
+    "with managed instance scaling, when absent; the component is created, or updated when it exists).",
+)
+@click.option(
+    "--copies", type=click.IntRange(0), default=1, show_default=True, help="With --inference-component."
+)
+@click.option(
+    "--cpus",
+    type=click.FloatRange(0.25),
+    help="With --inference-component: cores per copy [default: 1].",
+)
+@click.option(
+    "--memory-mb",
+    type=click.IntRange(128),
+    help="With --inference-component: memory per copy [default: from the plan].",
+)
+@click.option(
+    "--accelerators",
+    type=click.IntRange(0),
+    help="With --inference-component: accelerators per copy [default: the plan's GPUs, 0 on CPU].",
+)
+@click.option(
+    "--max-instances",
+    type=click.IntRange(1),
+    help="With --inference-component, for a new endpoint: ManagedInstanceScaling.MaxInstanceCount "
+    "[default: --instance-count].",
+)
+@click.option(
     "--compile",
     "compile_first",
     is_flag=True,
@@ -121,6 +152,12 @@ def deploy_command(
     force: bool,
     replace: bool,
     no_wait: bool,
+    inference_component: str | None,
+    copies: int,
+    cpus: float | None,
+    memory_mb: int | None,
+    accelerators: int | None,
+    max_instances: int | None,
     compile_first: bool,
 ) -> None:
     """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it.
@@ -129,11 +166,21 @@ def deploy_command(
     with it; the container checks it against its own machine at every start."""
     from lmforge.aws.names import name_problem
     from lmforge.deploy import DeploySettings
+    from lmforge.deploy.components import ComponentResult
 
     environment = _env_pairs(env_items)
     # deploy() checks the name too: here first, before --autoscale is read, as the options come
     if problem := name_problem("endpointName", endpoint_name):
         raise click.BadParameter(problem, param_hint="--endpoint-name")
+    component_only = {
+        "--copies": copies != 1,
+        "--cpus": cpus is not None,
+        "--memory-mb": memory_mb is not None,
+        "--accelerators": accelerators is not None,
+        "--max-instances": max_instances is not None,
+    }
+    if inference_component is None and (given := [k for k, v in component_only.items() if v]):
+        raise click.UsageError(f"{', '.join(given)} go with --inference-component")
     settings = DeploySettings(
         model_dir=model_dir,
         endpoint_name=endpoint_name,
@@ -158,8 +205,18 @@ def deploy_command(
         force=force,
         replace=replace,
         wait=not no_wait,
+        inference_component=inference_component,
+        copies=copies,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        accelerators=accelerators,
+        max_instance_count=max_instances,
     )
-    _report(_deploy(settings).result, no_wait)
+    result = _deploy(settings).result
+    if isinstance(result, ComponentResult):
+        _report_component(result, no_wait)
+    else:
+        _report(result, no_wait)
 
 
 def _deploy(settings: DeploySettings) -> Deployment:
@@ -246,6 +303,32 @@ def _report(result: DeployResult, no_wait: bool) -> None:
     raise SystemExit(1)
 
 
+def _report_component(result: ComponentResult, no_wait: bool) -> None:
+    name, endpoint = result.component_name, result.endpoint_name
+    runtime = result.description.get("RuntimeConfig") or {}
+    copies = f"{runtime.get('CurrentCopyCount', 0)}/{runtime.get('DesiredCopyCount', 0)} copies"
+    if no_wait:
+        click.echo(f"{endpoint}/{name}: {result.status}")
+        return
+    if result.succeeded:
+        click.echo(f"{endpoint}/{name}: InService, {copies} ({'updated' if result.updated else 'created'})")
+        _echo("")
+        _echo("Next:")
+        _echo(f"  lmforge invoke {endpoint} 'def fibonacci(n):' --inference-component {name} --stream")
+        _echo(f"  lmforge delete {endpoint} --inference-component {name}   # this component only")
+        return
+    click.echo(f"{endpoint}/{name}: {'update failed' if result.updated else result.status}")
+    _echo(f"FailureReason: {result.description.get('FailureReason') or 'no reason given'}")
+    _echo("")
+    _echo("What to do:")
+    _echo(f"  - read the container log (CloudWatch /aws/sagemaker/InferenceComponents/{name}, or the local")
+    _echo("    log named in the FailureReason)")
+    _echo("  - check the memory plan: lmforge plan MODEL_DIR --instance-type TYPE")
+    if not result.updated:
+        _echo(f"  - then: lmforge delete {endpoint} --inference-component {name}, and deploy again")
+    raise SystemExit(1)
+
+
 @click.command("wait")
 @click.argument("endpoint_name")
 @click.option("--region")
@@ -266,16 +349,34 @@ def wait_command(endpoint_name: str, region: str | None) -> None:
 @click.command("delete")
 @click.argument("endpoint_name")
 @click.option("--keep-config", is_flag=True, help="Keep the endpoint configuration and models.")
+@click.option(
+    "--inference-component", metavar="NAME", help="Delete only this inference component (and its model)."
+)
 @click.option("--region")
-def delete_command(endpoint_name: str, keep_config: bool, region: str | None) -> None:
-    """Delete ENDPOINT_NAME and, unless --keep-config, its endpoint configuration and models."""
+def delete_command(
+    endpoint_name: str, keep_config: bool, inference_component: str | None, region: str | None
+) -> None:
+    """Delete ENDPOINT_NAME with its inference components and, unless --keep-config, its endpoint
+    configuration and models; or only one of its inference components."""
     from lmforge.deploy import autoscaling
+    from lmforge.deploy.components import delete_component, delete_endpoint_components, describe_component
     from lmforge.deploy.endpoints import DeployError, delete_endpoint, describe_endpoint, sagemaker_client
 
     region = region_or_fail(region)
     try:
         sm = sagemaker_client(region)
+        if inference_component is not None:
+            found = describe_component(sm, inference_component)
+            if found is not None and found.get("EndpointName") != endpoint_name:
+                raise DeployError(
+                    f"inference component {inference_component} is on endpoint {found.get('EndpointName')}, "
+                    f"not {endpoint_name}"
+                )
+            delete_component(sm, inference_component, echo=_echo)
+            return
         existing = describe_endpoint(sm, endpoint_name)
+        if existing is not None:  # SageMaker refuses to delete an endpoint that still has components
+            delete_endpoint_components(sm, endpoint_name, echo=_echo)
         if existing is not None:  # a scalable target outliving its endpoint would keep calling it
             aas = autoscaling.client(region)
             for variant in existing.get("ProductionVariants", []):

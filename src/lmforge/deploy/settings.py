@@ -74,6 +74,21 @@ class DeploySettings:
     """Delete a Failed endpoint of that name first."""
     wait: bool = True
     """Wait until the endpoint settles; False returns once SageMaker has accepted the request."""
+    # another shape: the model as an inference component of the endpoint
+    inference_component: str | None = None
+    """Deploy the model as this inference component of ``endpoint_name`` (created for components, with
+    managed instance scaling, when absent; the component is created, or updated when it exists)."""
+    copies: int = 1
+    """The component's ``RuntimeConfig.CopyCount`` (0 reserves nothing and serves nothing)."""
+    cpus: float | None = None
+    """Cores one copy reserves (``NumberOfCpuCoresRequired``; default 1)."""
+    memory_mb: int | None = None
+    """Memory one copy reserves (``MinMemoryRequiredInMb``; default: from the plan)."""
+    accelerators: int | None = None
+    """Accelerators one copy reserves (default: the plan's GPUs on a GPU instance type, else 0)."""
+    max_instance_count: int | None = None
+    """The endpoint's ``ManagedInstanceScaling.MaxInstanceCount`` when it is created for components
+    (default: ``instance_count``)."""
 
 
 class DeployUsageError(DeployError):
@@ -113,6 +128,8 @@ def check_settings(settings: DeploySettings) -> None:
 
     if problem := name_problem("endpointName", settings.endpoint_name):
         raise BadSetting(problem, "--endpoint-name")
+    if settings.inference_component is not None:
+        _check_component(settings)
     scale = settings.autoscale
     if scale is None:
         return
@@ -121,3 +138,33 @@ def check_settings(settings: DeploySettings) -> None:
     low, high, count = scale.min_capacity, scale.max_capacity, settings.instance_count
     if not low <= count <= high:
         raise BadSetting(f"--instance-count {count} is outside {low}:{high}", "--autoscale")
+
+
+def _check_component(settings: DeploySettings) -> None:
+    """The component's settings, as SageMaker would refuse them (and what lmforge does not do yet)."""
+    from lmforge.aws.names import name_problem
+
+    assert settings.inference_component is not None
+    if problem := name_problem("inferenceComponentName", settings.inference_component):
+        raise BadSetting(problem, "--inference-component")
+    if isinstance(settings.copies, bool) or not isinstance(settings.copies, int) or settings.copies < 0:
+        raise BadSetting(f"--copies {settings.copies!r} is not a whole number of copies >= 0", "--copies")
+    if settings.cpus is not None and not settings.cpus >= 0.25:
+        raise BadSetting(f"--cpus {settings.cpus} is below SageMaker's minimum of 0.25 cores", "--cpus")
+    if settings.memory_mb is not None and not settings.memory_mb >= 128:
+        raise BadSetting(
+            f"--memory-mb {settings.memory_mb} is below SageMaker's minimum of 128", "--memory-mb"
+        )
+    if settings.accelerators is not None and settings.accelerators < 0:
+        raise BadSetting(f"--accelerators {settings.accelerators} is negative", "--accelerators")
+    if settings.max_instance_count is not None and settings.max_instance_count < settings.instance_count:
+        raise BadSetting(
+            f"--max-instances {settings.max_instance_count} is below "
+            f"--instance-count {settings.instance_count}",
+            "--max-instances",
+        )
+    if settings.autoscale is not None:
+        raise DeployUsageError(
+            "--autoscale with --inference-component is not supported yet (lmforge registers variant "
+            "scaling only); scale a component with UpdateInferenceComponentRuntimeConfig"
+        )

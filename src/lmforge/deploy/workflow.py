@@ -7,7 +7,9 @@ The steps, each refused before anything is uploaded where it can be:
    (:mod:`lmforge.deploy.precompile`), the memory plan (:func:`plan_deployment`), the role;
 3. the endpoint as it is (a Failed one deleted with ``replace``; one that cannot be updated refused);
 4. package and upload the folder (:func:`lmforge.deploy.upload.upload_model_folder`);
-5. create the model, endpoint configuration and endpoint, or update it; wait; autoscaling.
+5. create the model, endpoint configuration and endpoint, or update it; wait; autoscaling. With
+   ``settings.inference_component``, step 5 is :func:`lmforge.deploy.components.deploy_component`
+   instead: the endpoint created for components when absent, the component created or updated.
 
 Progress goes to a :class:`~lmforge.deploy.progress.Progress`; the outcome comes back as a
 :class:`Deployment`, whether the endpoint came up or not (a failed endpoint is an answer, not an
@@ -35,6 +37,7 @@ from lmforge.deploy.settings import (
 if TYPE_CHECKING:
     from lmforge.config import ServingConfig
     from lmforge.deploy.autoscaling import Autoscale
+    from lmforge.deploy.components import ComponentResult, ComponentSpec
     from lmforge.deploy.plan import DeployPlan
     from lmforge.deploy.upload import UploadResult
 
@@ -45,9 +48,10 @@ ROLE_ENV = "LMFORGE_ROLE_ARN"
 class Deployment:
     """What :func:`deploy` did: SageMaker's answer (``result``) and what went into it."""
 
-    result: DeployResult
-    spec: EndpointSpec
-    """The model and variant as created (image, model data, timeouts, environment)."""
+    result: DeployResult | ComponentResult
+    """The endpoint's answer, or the inference component's (``settings.inference_component``)."""
+    spec: EndpointSpec | ComponentSpec
+    """The model and variant (or component) as created (image, model data, timeouts, environment)."""
     upload: UploadResult
     plan: DeployPlan | None
     """None when no plan could be made (it was skipped, and said why)."""
@@ -139,6 +143,8 @@ def _ship(
         )
     except PackageError as exc:
         raise DeployError(str(exc)) from None
+    if settings.inference_component is not None:
+        return _ship_component(settings, sm, image_uri, role_arn, plan, upload, progress)
     spec = endpoint_spec(settings, image_uri, role_arn, upload.model_data(), plan)
     progress.note(f"[4/5] image {spec.image_uri}")
     progress.note("[5/5] deploying")
@@ -152,6 +158,53 @@ def _ship(
         autoscaling.register(aas, name, spec.variant_name, keep, progress.note)
         registered = keep
     return Deployment(result, spec, upload, plan, registered, settings.wait)
+
+
+def _ship_component(
+    settings: DeploySettings,
+    sm: Any,
+    image_uri: str,
+    role_arn: str,
+    plan: DeployPlan | None,
+    upload: UploadResult,
+    progress: Progress,
+) -> Deployment:
+    """Step 5 for an inference component: its requirements (the settings', else the plan's), then
+    :func:`~lmforge.deploy.components.deploy_component`."""
+    from lmforge.deploy.components import ComponentSpec, default_requirements, deploy_component
+
+    assert settings.inference_component is not None
+    needs = default_requirements(
+        settings.instance_type,
+        plan,
+        cpus=settings.cpus,
+        memory_mb=settings.memory_mb,
+        accelerators=settings.accelerators,
+    )
+    spec = ComponentSpec(
+        endpoint_name=settings.endpoint_name,
+        component_name=settings.inference_component,
+        instance_type=settings.instance_type,
+        image_uri=image_uri,
+        role_arn=role_arn,
+        model_data=upload.model_data(),
+        requirements=needs,
+        copies=settings.copies,
+        instance_count=settings.instance_count,
+        max_instance_count=settings.max_instance_count,
+        environment=dict(settings.environment),
+        health_check_timeout_s=settings.health_check_timeout_s
+        or (plan.health_check_timeout_s if plan else None),
+        download_timeout_s=settings.download_timeout_s or (plan.download_timeout_s if plan else None),
+        routing_strategy=settings.routing_strategy,
+    )
+    progress.note(f"[4/5] image {spec.image_uri}")
+    progress.note(
+        f"[5/5] deploying inference component {spec.component_name}: {spec.copies} x "
+        f"({needs.cpus:g} cores, {needs.memory_mb} MiB, {needs.accelerators} accelerators)"
+    )
+    result = deploy_component(sm, spec, wait=settings.wait, echo=progress.note)
+    return Deployment(result, spec, upload, plan, None, settings.wait)
 
 
 def endpoint_spec(
