@@ -128,3 +128,29 @@ def test_vllm_refusals_name_lmforges_fields(tmp_path: Path) -> None:
         with pytest.raises(FieldError) as err:
             sampling_params(SamplingParams(max_new_tokens=2, do_sample=True, **settings))  # type: ignore[arg-type]
         assert err.value.field is field and "vLLM refuses this request" in err.value.message
+
+
+def test_speculative_config_passes_to_vllm_and_vllm_cpu_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lmforge.engines.vllm import options
+
+    text = '{"method": "ngram", "num_speculative_tokens": 3}'
+    monkeypatch.setattr(options, "_cpu_platform", lambda: False)
+    kw = engine_kwargs(_config(tmp_path, speculative_config=text), {})
+    assert kw["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 4,
+    }
+    legacy = engine_kwargs(_config(tmp_path, speculative_draft_model="/d", speculative_length=2), {})
+    assert legacy["speculative_config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 2,
+        "model": "/d",
+    }
+    assert "speculative_config" not in engine_kwargs(_config(tmp_path), {})
+    monkeypatch.setattr(options, "_cpu_platform", lambda: True)
+    with pytest.raises(VllmOptionError, match=r"option.speculative_config .*LMI-Dist serves"):
+        engine_kwargs(_config(tmp_path, speculative_config=text), {})

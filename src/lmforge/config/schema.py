@@ -28,6 +28,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from lmforge.config.speculative import Speculation
+from lmforge.config.speculative import resolve as resolve_speculation
+
 DType = Literal["auto", "fp32", "fp16", "bf16"]
 RollingBatch = Literal["auto", "vllm", "trtllm", "lmi-dist", "disable"]
 OutputFormatter = Literal["json", "jsonlines", "sse"]
@@ -302,6 +305,24 @@ class ServingConfig(BaseModel):
         "option.max_rolling_batch_size x option.max_model_len",
         json_schema_extra=_key("option.kv_cache_memory_mb"),
     )
+    speculative_config: str | None = Field(
+        default=None,
+        description="speculative decoding, vLLM's JSON object: method (ngram or draft_model), "
+        "num_speculative_tokens (1-16), prompt_lookup_min/max, model, disable_by_batch_size; "
+        "LMI-Dist and GPU vLLM serve it; unset = off",
+        json_schema_extra=_key("option.speculative_config"),
+    )
+    speculative_draft_model: str | None = Field(
+        default=None,
+        description="LMI's legacy draft model folder for speculative decoding (the same as "
+        'option.speculative_config={"method": "draft_model", "model": ...})',
+        json_schema_extra=_key("option.speculative_draft_model"),
+    )
+    speculative_length: PositiveInt | None = Field(
+        default=None,
+        description="LMI's legacy tokens proposed per step with option.speculative_draft_model (unset = 5)",
+        json_schema_extra=_key("option.speculative_length"),
+    )
     default_max_new_tokens: PositiveInt = Field(
         default=30,
         description="max_new_tokens of a request that gives none (LMI's default)",
@@ -394,6 +415,9 @@ class ServingConfig(BaseModel):
         "rope_scaling",
         "num_threads",
         "kv_cache_memory_mb",
+        "speculative_config",
+        "speculative_draft_model",
+        "speculative_length",
         mode="before",
     )
     @classmethod
@@ -418,6 +442,11 @@ class ServingConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _speculation(self) -> ServingConfig:
+        self.speculation  # noqa: B018 (resolving it checks it: a ValueError naming the option)
+        return self
+
+    @model_validator(mode="after")
     def _lengths(self) -> ServingConfig:
         if (
             self.max_model_len is not None
@@ -432,6 +461,13 @@ class ServingConfig(BaseModel):
                     f"is more than option.max_model_len ({self.max_model_len})"
                 )
         return self
+
+    @property
+    def speculation(self) -> Speculation | None:
+        """The resolved speculative decoding settings (:mod:`.speculative`), None when it is off."""
+        return resolve_speculation(
+            self.speculative_config, self.speculative_draft_model, self.speculative_length
+        )
 
     @property
     def model_path(self) -> Path | None:

