@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "import_cache": 0,
     "reachins": 0,
     "paths": 0,
+    "quantize": 0,
     # LoRA adapters as data and checks
     "adapters": 1,
     # the engine protocol and the backends

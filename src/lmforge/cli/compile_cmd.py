@@ -11,6 +11,11 @@ The backend decides what that is (one function per backend in :data:`_BACKENDS`)
   quantization into a Hugging Face-style checkpoint (nothing is built at load); up to 1.2, TensorRT
   engines. ``--output`` is required.
 
+* **Quantization** (``--quantize METHOD``, or ``option.quantize`` in an LMI-Dist folder's
+  serving.properties; not TensorRT-LLM, whose ModelOpt path reads option.quantize itself): a quantized
+  checkpoint in compressed-tensors' format at ``--output`` (:mod:`lmforge.quantize.w8a8`), with its
+  manifest in ``lmforge-compiled/quantize/``; LMI-Dist and vLLM load it.
+
 ``--dry-run`` prints the plan."""
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class CompileRequest:
     trtllm_version: str | None
     image: str | None = None
     engine: str = "auto"
+    quantize: str | None = None
 
 
 @click.command("compile")
@@ -69,6 +75,14 @@ class CompileRequest:
 @click.option(
     "--engine", type=click.Choice(["auto", "podman", "docker"]), default="auto", help="For --image."
 )
+@click.option(
+    "--quantize",
+    "quantize",
+    metavar="METHOD",
+    help="LMI-Dist / vLLM: write a quantized checkpoint (compressed-tensors) to --output: w8a8 (int8 "
+    "weights per channel, int8 activations per token; CPU and GPU). Default: option.quantize of an "
+    "LMI-Dist folder.",
+)
 def compile_command(
     model_dir: Path,
     output: str | None,
@@ -78,6 +92,7 @@ def compile_command(
     trtllm_version: str | None,
     image: str | None,
     engine: str,
+    quantize: str | None,
 ) -> None:
     """Compile MODEL_DIR ahead of time, by its serving.properties, for the backend that serves it, so
     that serving it starts without compiling.
@@ -86,9 +101,81 @@ def compile_command(
     MODEL_DIR/lmforge-compiled/vllm/ with a manifest (what was compiled, for which vLLM, torch and
     machine); `lmforge serve` checks it at every start. TensorRT-LLM >= 1.3: a ModelOpt-quantized
     checkpoint; <= 1.2: TensorRT engines (--output required)."""
-    request = CompileRequest(model_dir, output, dry_run, as_json, gpu_arch, trtllm_version, image, engine)
+    request = CompileRequest(
+        model_dir, output, dry_run, as_json, gpu_arch, trtllm_version, image, engine, quantize
+    )
+    if quantize is not None or _quantize_option(model_dir):
+        _compile_quantized(request)
+        return
     backend = "trtllm" if (gpu_arch or trtllm_version) else _backend_of(model_dir)
     _BACKENDS[backend](request)
+
+
+def _quantize_option(model_dir: Path) -> bool:
+    """Whether the folder asks LMI-Dist for a quantization (option.quantize) that compile can write."""
+    from lmforge.config import ConfigError, load_config
+
+    try:
+        config = load_config(model_dir).config
+    except ConfigError:
+        return False  # the backend's own step reports it
+    return bool(config.quantize) and config.rolling_batch == "lmi-dist"
+
+
+def _compile_quantized(request: CompileRequest) -> None:
+    """--quantize (or an LMI-Dist folder's option.quantize): the quantized checkpoint at --output."""
+    from lmforge.config import ConfigError, load_config
+    from lmforge.quantize import QuantizeError, method
+
+    model_dir = request.model_dir
+    try:
+        resolved = load_config(model_dir)
+    except ConfigError as exc:
+        note(f"error: invalid configuration:\n{exc}")
+        raise SystemExit(2) from None
+    config = resolved.config
+    if request.gpu_arch or request.trtllm_version or config.rolling_batch == "trtllm":
+        raise click.UsageError(
+            "--quantize is for LMI-Dist and vLLM folders; a TensorRT-LLM folder quantizes with ModelOpt "
+            "through its own option.quantize (lmforge compile DIR --output OUT, without --quantize)"
+        )
+    if request.image is not None:
+        raise click.UsageError(
+            "--quantize runs on this machine (the checkpoint does not depend on the image)"
+        )
+    option = "--quantize" if request.quantize is not None else "option.quantize"
+    name = request.quantize if request.quantize is not None else str(config.quantize)
+    try:
+        import torch
+
+        chosen = method(name, option=option, cpu_only=not torch.cuda.is_available())
+    except QuantizeError as exc:
+        raise click.ClickException(exc.message) from None
+    from lmforge.quantize import MANIFEST
+
+    _check_output(
+        request.output, config.model_path or model_dir, lambda p: (p / MANIFEST).is_file(), "quantized model"
+    )
+    assert request.output is not None
+    if request.dry_run:
+        plan = {"method": chosen.name, "scheme": chosen.scheme, "what": chosen.description,
+                "source": str(config.model_path or model_dir), "output": request.output,
+                "calibration": None, "format": "compressed-tensors int-quantized"}  # fmt: skip
+        click.echo(
+            json.dumps(plan, indent=2) if request.as_json else "\n".join(f"{k}: {v}" for k, v in plan.items())
+        )
+        return
+    source = _source(resolved)
+    from lmforge.quantize.w8a8 import quantize_folder
+
+    def build(target: Path) -> None:
+        try:
+            manifest = quantize_folder(source, target, method_name=chosen.name, progress=note)
+        except QuantizeError as exc:
+            raise click.ClickException(exc.message) from None
+        note(f"quantized ({chosen.name}) in {manifest['seconds']:.1f} s; manifest: {target / MANIFEST}")
+
+    _publish(request.output, build)
 
 
 def _backend_of(model_dir: Path) -> str:

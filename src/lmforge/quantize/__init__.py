@@ -1,0 +1,143 @@
+"""Quantization methods lmforge knows by name, and what a quantized model folder says about itself.
+
+One table (:data:`METHODS`) names every method ``lmforge compile --quantize`` and
+``option.quantize`` take, for every engine that is not TensorRT-LLM (whose ModelOpt path keeps its own
+names, :mod:`lmforge.engines.trtllm.quantplan`): what it does, whether it needs calibration, and where
+it runs. :func:`method` turns a name into a :class:`Method` or an error naming the option and the
+choices; :func:`checkpoint_scheme` reads a folder's ``quantization_config`` (compressed-tensors) and
+says which of the methods it is. The checkpoint writer is :mod:`.w8a8` (it imports PyTorch).
+
+A compiled folder records what made it in ``lmforge-compiled/quantize/manifest.json``
+(:data:`MANIFEST`): method, scheme, format, the source weights' digest, the calibration set's (none
+for W8A8: its weights are rounded to nearest and its activations quantized at run time) and the
+library versions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+#: where a compiled folder's manifest lives (beside ``lmforge-compiled/vllm/``)
+MANIFEST = Path("lmforge-compiled") / "quantize" / "manifest.json"
+
+
+class QuantizeError(LmforgeError):
+    """A quantization method asked for that cannot be had here; the message names the option."""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    scheme: str
+    """compressed-tensors' preset scheme name"""
+    description: str
+    cpu: bool
+    """whether a CPU-only machine can serve it"""
+    built: bool
+    """whether ``lmforge compile`` writes it today"""
+    needs_calibration: bool = False
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "w8a8",
+            "W8A8",
+            "int8 weights (per output channel, symmetric, rounded to nearest) and int8 activations "
+            "(per token, dynamic): ~0.26x the fp32 weight bytes",
+            cpu=True,
+            built=True,
+        ),
+        Method(
+            "fp8",
+            "FP8_DYNAMIC",
+            "fp8 e4m3 weights (per channel) and activations (per token, dynamic)",
+            cpu=False,
+            built=False,
+        ),
+    )
+}
+
+
+def choices() -> str:
+    """The methods, one phrase each, for error messages and ``--help``."""
+    return "; ".join(
+        f"{m.name} ({'CPU and GPU' if m.cpu else 'GPUs only'}{'' if m.built else ', planned'})"
+        for m in METHODS.values()
+    )
+
+
+def method(name: str, *, option: str = "option.quantize", cpu_only: bool = False) -> Method:
+    """The method ``name`` names; QuantizeError naming ``option`` when it is unknown, not built yet,
+    or needs hardware this machine lacks (``cpu_only``)."""
+    key = name.strip().lower()
+    found = METHODS.get(key)
+    if found is None:
+        raise QuantizeError(f"{option}={name}: unknown quantization method; choose one of: {choices()}")
+    if cpu_only and not found.cpu:
+        raise QuantizeError(
+            f"{option}={name}: {found.description} needs a GPU with fp8 matrix units (CUDA compute "
+            "capability 8.9+); this target is CPU-only, whose matrix kernels take no fp8 inputs. On a "
+            "CPU use w8a8"
+        )
+    if not found.built:
+        raise QuantizeError(
+            f"{option}={name}: {found.description} is planned but not built yet; choose one of: "
+            f"{', '.join(m.name for m in METHODS.values() if m.built)}"
+        )
+    return found
+
+
+def quantization_config(model_dir: Path) -> dict[str, Any] | None:
+    """The ``quantization_config`` of ``model_dir/config.json`` (None: unquantized or no config)."""
+    path = model_dir / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    found = data.get("quantization_config") if isinstance(data, dict) else None
+    return found if isinstance(found, dict) else None
+
+
+def checkpoint_scheme(qc: dict[str, Any]) -> str:
+    """The method of :data:`METHODS` a ``quantization_config`` is, or QuantizeError saying what in it
+    lmforge's engines do not serve (named as the config names it)."""
+    method_name = qc.get("quant_method")
+    if method_name != "compressed-tensors":
+        raise QuantizeError(
+            f"quantization_config.quant_method={method_name!r}: LMI-Dist serves compressed-tensors "
+            "checkpoints only (lmforge compile --quantize writes them)"
+        )
+    fmt = qc.get("format")
+    groups = qc.get("config_groups") or {}
+    if fmt != "int-quantized" or len(groups) != 1:
+        raise QuantizeError(
+            f"quantization_config: format {fmt!r} with {len(groups)} config group(s); LMI-Dist serves "
+            "one int-quantized group (W8A8)"
+        )
+    group = next(iter(groups.values()))
+    weights, acts = group.get("weights") or {}, group.get("input_activations") or {}
+    want_w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
+    want_a = {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True}
+    for label, got, want in (("weights", weights, want_w), ("input_activations", acts, want_a)):
+        wrong = {k: got.get(k) for k, v in want.items() if got.get(k) != v}
+        if wrong:
+            raise QuantizeError(
+                f"quantization_config {label}: {wrong} where LMI-Dist's int8 kernels need {want}"
+            )
+    return "w8a8"
+
+
+def read_manifest(model_dir: Path) -> dict[str, Any] | None:
+    """The folder's quantization manifest, None when it has none (or it is unreadable)."""
+    try:
+        data = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,201 @@
+"""W8A8 int8: the weights rounded to nearest, and the checkpoint written in compressed-tensors' format.
+
+The weights of every ``nn.Linear`` (the LM head too, unless ``lm_head=False``) become int8 with one
+scale per output channel, symmetric: ``scale = max|w| / 127.5`` and ``q = clamp(round(w / scale),
+-128, 127)``, compressed-tensors' own rule for its ``W8A8`` preset (``calculate_qparams`` of
+compressed-tensors 0.17). Activations are quantized per token at run time, so no calibration set is
+read. :func:`rtn_int8` is the one place the rule is computed, for the checkpoint and for LMI-Dist's
+quantization at load (``option.quantize=w8a8`` on an unquantized folder), so both give the same int8
+weights.
+
+The checkpoint is compressed-tensors' ``int-quantized`` format, which vLLM and transformers read: the
+scheme is built with compressed-tensors' API (``QuantizationConfig`` from its ``W8A8`` preset, applied to
+the model, compressed by its ``ModelCompressor``, which also writes ``quantization_config`` into
+config.json). llm-compressor, the library that usually drives it, is not used: it pins transformers
+<= 5.17 and compressed-tensors 0.19, and this environment (and vLLM 0.32) has transformers 5.19 and
+compressed-tensors 0.17; RTN W8A8 needs nothing from it but what compressed-tensors has.
+
+A tied LM head (SmolLM2 shares it with the input embedding) is untied: the embedding stays float, the
+head is quantized, ``tie_word_embeddings`` becomes false.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmforge.quantize import MANIFEST, QuantizeError, method
+
+if TYPE_CHECKING:
+    import torch
+
+#: what a compiled folder never carries over from its source (written anew or not needed)
+_SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_SKIP_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json", "lmforge-compiled"}
+
+
+def rtn_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` (out x in, float) as int8 and its float32 scale per output channel (out x 1)."""
+    import torch
+
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1, keepdim=True) / 127.5
+    scale = torch.where(scale == 0, torch.finfo(torch.float32).eps, scale)
+    return torch.round(w / scale).clamp_(-128, 127).to(torch.int8), scale
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 over the folder's weight files (names and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name.endswith(_SKIP_SUFFIXES)):
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("lmforge", "torch", "transformers", "compressed-tensors", "safetensors"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def quantize_folder(
+    source: Path,
+    output: Path,
+    *,
+    method_name: str = "w8a8",
+    lm_head: bool = True,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """Write ``source`` (a Hugging Face model folder) quantized to ``output``; returns the manifest.
+
+    The folder is built beside ``output`` under a temporary name and renamed into place at the end, so
+    a failure leaves no half-written ``output`` (and ``source`` is only read)."""
+    chosen = method(method_name, option="--quantize")
+    output = output.resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    started = time.monotonic()
+    try:
+        manifest = _write(source, partial, chosen.name, chosen.scheme, lm_head, progress)
+        manifest["seconds"] = round(time.monotonic() - started, 1)
+        (partial / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(partial, output)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write(
+    source: Path, target: Path, name: str, scheme: str, lm_head: bool, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    import torch
+    from compressed_tensors.compressors import ModelCompressor  # type: ignore[import-untyped]
+    from compressed_tensors.quantization import (  # type: ignore[import-untyped]
+        QuantizationConfig,
+        QuantizationStatus,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from transformers import AutoModelForCausalLM
+
+    from lmforge.quantize import quantization_config
+
+    if quantization_config(source) is not None:
+        raise QuantizeError(
+            f"--quantize {name}: {source} is already quantized (config.json quantization_config)"
+        )
+    progress(f"loading {source} (fp32)")
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    model.eval()
+    head = model.get_output_embeddings()
+    embedding = model.get_input_embeddings()
+    untied = False
+    if lm_head and head is not None and embedding is not None and head.weight is embedding.weight:
+        head.weight = torch.nn.Parameter(embedding.weight.detach().clone(), requires_grad=False)
+        for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+            cfg.tie_word_embeddings = False
+        untied = True
+    config = QuantizationConfig(
+        config_groups={"group_0": preset_name_to_scheme(scheme, ["Linear"])},
+        ignore=[] if lm_head else ["lm_head"],
+        quantization_status=QuantizationStatus.FROZEN,
+    )
+    apply_quantization_config(model, config)
+    count = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if getattr(module, "quantization_scheme", None) is None:
+                continue
+            _q, scale = rtn_int8(module.weight)
+            module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype).view_as(module.weight_scale))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.data.zero_()
+            count += 1
+    if not count:
+        raise QuantizeError(f"--quantize {name}: {source} has no linear layers to quantize")
+    progress(f"quantizing {count} linear layers to int8 ({scheme}, compressed-tensors int-quantized)")
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
+    compressor.compress_model(model)
+    for path in source.iterdir():
+        if path.name in _SKIP_NAMES or path.name.endswith(_SKIP_SUFFIXES):
+            continue
+        if path.name == "serving.properties":
+            _write_properties(path, target / path.name, name)
+        elif path.is_dir():
+            shutil.copytree(path, target / path.name)
+        else:
+            shutil.copy2(path, target / path.name)
+    model.save_pretrained(str(target))
+    compressor.update_config(str(target))
+    if (source / "generation_config.json").is_file() and not (target / "generation_config.json").is_file():
+        shutil.copy2(source / "generation_config.json", target / "generation_config.json")
+    before = sum(p.stat().st_size for p in source.iterdir() if p.name.endswith(".safetensors"))
+    after = sum(p.stat().st_size for p in target.iterdir() if p.name.endswith(".safetensors"))
+    progress(f"weights {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB")
+    return {
+        "method": name,
+        "scheme": scheme,
+        "format": "compressed-tensors int-quantized",
+        "weights": "int8 per output channel, symmetric, round to nearest (scale = max|w| / 127.5)",
+        "activations": "int8 per token, symmetric, dynamic (quantized at run time)",
+        "lm_head": "int8 (untied from the input embedding)" if untied else ("int8" if lm_head else "fp32"),
+        "layers": count,
+        "source": {"path": str(source.resolve()), "weights": weights_digest(source)},
+        "calibration": None,
+        "weight_bytes": {"source": before, "quantized": after},
+        "libraries": _versions(),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _write_properties(source: Path, target: Path, name: str) -> None:
+    """The source's serving.properties without option.quantize: the weights are quantized now, and
+    engines read the scheme from config.json (vLLM would take the option as a runtime method)."""
+    kept = [
+        line
+        for line in source.read_text(encoding="utf-8").splitlines()
+        if line.split("=", 1)[0].strip() != "option.quantize"
+    ]
+    header = f"# Quantized by `lmforge compile --quantize {name}` (lmforge-compiled/quantize/manifest.json)."
+    target.write_text("\n".join([header, *kept]) + "\n", encoding="utf-8")
