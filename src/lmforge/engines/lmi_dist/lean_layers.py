@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lmforge.engines.lmi_dist.cpu_linear import W_SCALE
+
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
 #: decoder layers whose forward is Llama's (pre-norm RMSNorm, rotary on q and k, SiLU-gated MLP)
@@ -149,6 +151,9 @@ def _fused(*linears: torch.nn.Linear) -> torch.nn.Linear:
             out.bias.copy_(torch.cat([m.bias for m in linears]))  # type: ignore[misc]
     out.requires_grad_(False)
     out.sizes = [m.out_features for m in linears]  # type: ignore[assignment]
+    scales = [getattr(m, W_SCALE, None) for m in linears]
+    if all(s is not None for s in scales):  # int8 values of a W8A8 checkpoint: their scales, side by side
+        setattr(out, W_SCALE, torch.cat(scales))  # type: ignore[arg-type]
     return out
 
 

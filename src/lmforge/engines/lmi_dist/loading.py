@@ -135,17 +135,39 @@ def build(cfg: ServingConfig) -> Built:
     mark("tokenizer")
     if world > 1:
         kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs)
+    quant, checkpoint = quantization(cfg, path, world, torch.cuda.is_available())
+    if checkpoint:
+        model = _load_w8a8(path, kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs
+        )
     if world == 1 and torch.cuda.is_available():
         model = model.to("cuda")
     model.eval()
     if world == 1:
         from lmforge.engines.lmi_dist import lean_layers
-        from lmforge.engines.lmi_dist.cpu_linear import prepack
+        from lmforge.engines.lmi_dist.cpu_linear import prepack, quantize_int8
 
         # LoRA adapts q/k/v and gate/up one by one: with adapters they stay separate layers
         lean_layers.install(model, fuse=not cfg.enable_lora)
-        prepack(model, cfg.max_rolling_batch_size)
+        if quant is None:
+            prepack(model, cfg.max_rolling_batch_size)
+        else:
+            from lmforge.quantize.w8a8 import rtn_int8
+
+            started = time.monotonic()
+            quantize_int8(model, rtn_int8)
+            if not checkpoint:
+                log.warning(
+                    "lmi-dist: option.quantize=%s: quantized the weights at load in %.1f s (int8 weights "
+                    "rounded to nearest, int8 activations per token); `lmforge compile %s --quantize %s "
+                    "-o OUT` writes the quantized checkpoint once and saves this at every start",
+                    quant,
+                    time.monotonic() - started,
+                    path,
+                    quant,
+                )
     gate = ForwardGate(model)
     mark("weights")
 
@@ -242,3 +264,90 @@ def build(cfg: ServingConfig) -> Built:
         plan.max_batch_tokens,
     )
     return Built(tokenizer, model, manager, sampler, plan, max_model_len, eos_ids, vocab_size, gate, lora)
+
+
+def quantization(cfg: ServingConfig, path: Any, world: int, cuda: bool) -> tuple[str | None, bool]:
+    """(the method LMI-Dist serves the model with, or None; whether the folder is a quantized
+    checkpoint). Refuses what it cannot serve, naming the option, never falling back to full precision:
+    an unknown or unbuilt method, a method this hardware lacks, a checkpoint whose scheme its kernels do
+    not compute, an ``option.quantize`` that disagrees with the checkpoint, tensor parallelism, a GPU
+    (the int8 kernels are CPU ones) or a dtype other than fp32."""
+    from pathlib import Path
+
+    from lmforge.quantize import METHODS, checkpoint_scheme, method, quantization_config
+
+    qc = quantization_config(Path(path))
+    asked = cfg.quantize.strip().lower() if cfg.quantize else None
+    if qc is not None:
+        have = checkpoint_scheme(qc)
+        if asked and asked not in METHODS:
+            method(asked)  # unknown: the error lists the choices
+        if asked and asked != have:
+            raise LmforgeError(
+                f"option.quantize={cfg.quantize} but {path} is already quantized ({have}, config.json "
+                "quantization_config); remove option.quantize, or serve the unquantized folder"
+            )
+    elif asked:
+        have = method(asked, cpu_only=not cuda).name
+    else:
+        return None, False
+    where = (
+        "tensor parallelism (option.tensor_parallel_degree > 1: shards of int8 weights are not built yet)"
+        if world > 1
+        else ("a GPU (its int8 kernels are CPU ones so far)" if cuda else None)
+    )
+    if where:
+        raise LmforgeError(f"lmi-dist serves {have} (option.quantize / quantization_config) without {where}")
+    if cfg.dtype not in ("auto", "fp32"):
+        raise LmforgeError(
+            f"option.dtype={cfg.dtype} with {have}: lmi-dist's int8 layers compute in float32; set "
+            "option.dtype=fp32 (or leave it unset)"
+        )
+    return have, qc is not None
+
+
+def _load_w8a8(path: Any, kwargs: dict[str, Any]) -> Any:
+    """A compressed-tensors W8A8 folder as a float32 model whose linear weights hold the int8 values,
+    each with its scale (``cpu_linear.W_SCALE``) for ``cpu_linear.quantize_int8``. transformers loads
+    it without its quantization_config (its compressed-tensors path would decompress to float); the
+    scales come from the safetensors files."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmforge.engines.lmi_dist.cpu_linear import W_SCALE
+
+    config = AutoConfig.from_pretrained(str(path), **kwargs)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32, **kwargs)
+    modules = dict(model.named_modules())
+    missing = []
+    folder = Path(path)
+    index = folder / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else [p.name for p in sorted(folder.glob("*.safetensors"))]
+    )
+    found = 0
+    for name in files:
+        with safe_open(str(folder / name), "pt") as f:
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if not key.endswith(".weight_scale"):
+                    continue
+                module = modules.get(key.removesuffix(".weight_scale"))
+                if not isinstance(module, torch.nn.Linear):
+                    missing.append(key)
+                    continue
+                setattr(module, W_SCALE, f.get_tensor(key).float().reshape(-1, 1))
+                found += 1
+    if missing or not found:
+        raise LmforgeError(
+            f"{path}: W8A8 checkpoint whose scales match no linear layer of the model "
+            f"({', '.join(missing[:3]) or 'no weight_scale tensors'})"
+        )
+    return model

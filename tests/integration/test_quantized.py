@@ -1,0 +1,90 @@
+"""LMI-Dist serves W8A8 int8: the checkpoint `lmforge compile --quantize w8a8` writes, and
+``option.quantize=w8a8`` on an unquantized folder (quantized at load), both through `lmforge serve`.
+
+A quantized model must give the same tokens and log-probs alone and in a crowd (:mod:`tests.same_answer`:
+its int8 layers quantize each token by its own scale and sum in integers, so a row's output does not
+depend on the other rows), and the quantized-at-load model must answer as the compiled checkpoint does
+(one rounding rule, :func:`lmforge.quantize.w8a8.rtn_int8`)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lmforge.testing.server import RemoteServer
+from tests.same_answer import same_alone_and_in_a_crowd, standard_probes
+
+pytestmark = [pytest.mark.integration]
+
+PROMPTS = (
+    "def main():",
+    "import os\nimport sys\n\nclass Reader:\n    def __init__(self, path):",
+    "for i in range(",
+    "    return self._value + other._value if isinstance(other, type(self)) else",
+    "x = ",
+)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """`lmforge compile --quantize w8a8` on the tiny model (its own CLI, as a user runs it)."""
+    from click.testing import CliRunner
+
+    from lmforge.cli import main
+
+    out = tmp_path_factory.mktemp("w8a8") / "tiny-w8a8"
+    result = CliRunner().invoke(main, ["compile", str(tiny_model), "--quantize", "w8a8", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def compiled_server(compiled: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(compiled) as server:
+        yield server
+
+
+def _greedy(url: str) -> list[list[int]]:
+    out = []
+    for prompt in PROMPTS:
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": 16, "details": True}}
+        reply = httpx.post(f"{url}/invocations", json=body, timeout=120).json()
+        out.append([t["id"] for t in reply["details"]["tokens"]])
+    return out
+
+
+def test_compiled_w8a8_is_served_on_int8_layers_and_same_alone_or_in_a_crowd(
+    compiled_server: RemoteServer,
+) -> None:
+    assert "linear layers on int8 weights (W8A8" in compiled_server.logs()
+    same_alone_and_in_a_crowd(compiled_server.url, standard_probes(PROMPTS))
+
+
+def test_option_quantize_on_an_unquantized_folder_quantizes_at_load(
+    tmp_path: Path, tiny_model: Path, compiled_server: RemoteServer
+) -> None:
+    folder = tmp_path / "jit"
+    shutil.copytree(tiny_model, folder)
+    with (folder / "serving.properties").open("a") as f:
+        f.write("option.quantize=w8a8\n")
+    with RemoteServer(folder) as server:
+        logs = server.logs()
+        assert "option.quantize=w8a8: quantized the weights at load" in logs
+        assert "lmforge compile" in logs and "--quantize w8a8" in logs
+        assert _greedy(server.url) == _greedy(compiled_server.url)
+
+
+def test_an_unknown_option_quantize_stops_the_start_naming_the_choices(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny_model, folder)
+    with (folder / "serving.properties").open("a") as f:
+        f.write("option.quantize=int3\n")
+    with pytest.raises((RuntimeError, TimeoutError)) as failed:  # the server exits, or never turns ready
+        RemoteServer(folder, startup_timeout=120).start()
+    assert "option.quantize=int3: unknown quantization method; choose one of: w8a8" in str(failed.value)
