@@ -136,6 +136,8 @@ def test_cli_deploys_two_components_whose_copies_share_and_add_instances(
     assert instance_count(sm, endpoint) == 2
     a_copies = [r for r in copies(local, endpoint) if r["component"] == "ic-a"]
     assert sorted(r["instance"] for r in a_copies) == [f"{M5}-1", f"{M5}-2"]
+    status = lmforge("local", "status", env=local).stdout
+    assert re.search(rf"{endpoint}/AllTraffic {M5}-2: ic-a#\d \(port \d+", status), status
     # a third fits nowhere (MaxInstanceCount 2): it waits, the component stays in service on two
     sm.update_inference_component_runtime_config(
         InferenceComponentName="ic-a", DesiredRuntimeConfig={"CopyCount": 3}

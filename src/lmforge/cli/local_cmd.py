@@ -106,14 +106,44 @@ def status_command(state_dir: Path | None) -> None:
     found = control.instances(directory)
     if not found:
         click.echo("no endpoint instances")
-        return
-    click.echo("instances:")
+    else:
+        click.echo("instances:")
     for item in found:
         where = item.get("container") or f"pid {item.get('pid')}"
         click.echo(
             f"  {item['endpoint']}/{item.get('label')}: {item.get('mode')} mode, "
             f"image {item.get('image') or '-'}, port {item.get('port')}, {where}"
         )
+    _component_placements(state.runtime_url)
+
+
+def _component_placements(runtime_url: str) -> None:
+    """The instances of the variants that host inference components, and the copies on each (from the
+    runtime's ``GET /lmforge/instances``)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(runtime_url + "/lmforge/instances", timeout=10) as resp:
+            rows = json.loads(resp.read()).get("components", [])
+    except (OSError, ValueError):
+        return
+    if not rows:
+        return
+    click.echo("inference components (instance: copies):")
+    by_instance: dict[tuple[str, str, str], list[dict[str, object]]] = {}
+    for row in rows:
+        key = (str(row["endpoint"]), str(row["variant"]), str(row["instance"]))
+        by_instance.setdefault(key, [])
+        if row.get("component") is not None:
+            by_instance[key].append(row)
+    for (endpoint, variant, instance), placed in sorted(by_instance.items()):
+        copies = ", ".join(
+            f"{r['component']}#{r['copy']} (port {r['port']}, {r['invocations']} invocations"
+            f"{'' if r['alive'] else ', restarting'})"
+            for r in placed
+        )
+        click.echo(f"  {endpoint}/{variant} {instance}: {copies or 'no copy'}")
 
 
 def _dir_flag(state_dir: Path | None) -> str:
