@@ -400,3 +400,65 @@ def test_sagemaker_sdk_v2_deploys_two_models_as_components(
     with pytest.raises(sm.exceptions.ClientError):
         sm.describe_endpoint(EndpointName="sdk-components")
     assert copies(local, "sdk-components") == []
+
+
+def test_an_update_replaces_copies_without_a_failed_request(
+    local: dict[str, str], clients: dict[str, Any], model: Path
+) -> None:
+    """``UpdateInferenceComponent`` with a new specification while a client keeps invoking: the new
+    copies start beside the old ones and take the traffic before those stop, so no request fails."""
+    import threading
+
+    sm, smr, s3 = clients["sagemaker"], clients["sagemaker-runtime"], clients["s3"]
+    role = local["LMFORGE_ROLE_ARN"]
+    name = _model(sm, s3, role, model, "rolling-model")
+    _components_endpoint(sm, role, "rolling")
+    spec: dict[str, Any] = {
+        "ModelName": name,
+        "ComputeResourceRequirements": {"NumberOfCpuCoresRequired": 1, "MinMemoryRequiredInMb": 1024},
+    }
+    sm.create_inference_component(
+        InferenceComponentName="ic-roll",
+        EndpointName="rolling",
+        VariantName="AllTraffic",
+        Specification=spec,
+        RuntimeConfig={"CopyCount": 2},
+    )
+    wait_copies(sm, "ic-roll", 2)
+    old = {r["port"] for r in copies(local, "rolling")}
+    answers: list[str] = []
+    failures: list[Exception] = []
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            try:
+                answers.append(invoke(smr, "rolling", "ic-roll")["generated_text"])
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(exc)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        env = {"Environment": {"ROLLING": "2"}}
+        sm.update_inference_component(
+            InferenceComponentName="ic-roll", Specification={**spec, "Container": env}
+        )
+        deadline = time.monotonic() + 120
+        while {r["port"] for r in copies(local, "rolling")} & old or len(copies(local, "rolling")) != 2:
+            assert time.monotonic() < deadline, copies(local, "rolling")
+            time.sleep(0.2)
+        count = len(answers)
+        while len(answers) < count + 5:  # the new copies answer too
+            assert time.monotonic() < deadline and not failures, failures
+            time.sleep(0.05)
+    finally:
+        done.set()
+        thread.join(60)
+    assert failures == []
+    assert set(answers) == {"xxx"}
+    desc = sm.describe_inference_component(InferenceComponentName="ic-roll")
+    assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc
+    assert desc["Specification"]["Container"]["Environment"] == {"ROLLING": "2"}
+    sm.delete_inference_component(InferenceComponentName="ic-roll")
+    sm.delete_endpoint(EndpointName="rolling")
