@@ -289,3 +289,36 @@ def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
     status = lmforge("local", "status", env=env).stdout
     assert f"shipped/AllTraffic: image mode, image {uri}" in status
     lmforge("delete", "shipped", env=env)
+
+
+def test_component_copies_are_containers_of_the_image(
+    local: dict[str, str], pushed: str, tiny_model: Path, cpu_image: BuiltImage, ours: str, tmp_path: Path
+) -> None:
+    """``lmforge deploy --inference-component --copies 2`` in image mode: two containers of the pushed
+    image, both answering; at 0 copies they are gone (docs/components.md; process mode's copies are
+    tests/integration/test_local_components.py's)."""
+    model = handler_model(tiny_model, tmp_path / "handler")
+    args = ("deploy", str(model), "--endpoint-name", "image-components", "--instance-type", "ml.m5.xlarge")
+    before = set(cpu_image.engine.containers(ours))
+    out = lmforge(*args, "--image", pushed, "--inference-component", "ic-img", "--copies", "2", env=local)
+    assert "image-components/ic-img: InService, 2/2 copies (created)" in out.stdout, out.stderr
+    copies = set(cpu_image.engine.containers(ours)) - before
+    assert len(copies) == 2, copies
+    smr = boto3_clients(local, "sagemaker-runtime")["sagemaker-runtime"]
+    sm = boto3_clients(local, "sagemaker")["sagemaker"]
+    for _ in range(4):
+        answer = smr.invoke_endpoint(
+            EndpointName="image-components",
+            InferenceComponentName="ic-img",
+            Body=json.dumps({"inputs": "x", "parameters": {"max_new_tokens": 2}}),
+            ContentType="application/json",
+        )
+        assert json.loads(answer["Body"].read()) == {"generated_text": "xx"}
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName="ic-img", DesiredRuntimeConfig={"CopyCount": 0}
+    )
+    deadline = time.monotonic() + 120
+    while copies & set(cpu_image.engine.containers(ours)):
+        assert time.monotonic() < deadline, cpu_image.engine.containers(ours)
+        time.sleep(0.5)
+    lmforge("delete", "image-components", env=local)
