@@ -53,6 +53,8 @@ class CoreProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready: ipc.Ready | None = None
         self.dead: str | None = None
+        self.speculation: tuple[int, int, int, int, int] | None = None
+        """The core's speculative-decoding counters, as its latest :class:`.ipc.Outputs` gave them."""
         self._folder = ipc.socket_folder()
         self._context: Any = None
         self._push: Any = None
@@ -135,6 +137,8 @@ class CoreProcess:
                 self._died(str(err))
                 return
             if isinstance(message, ipc.Outputs):
+                if message.speculation is not None:
+                    self.speculation = message.speculation
                 self.on_outputs(message.items)
             elif isinstance(message, ipc.Reply):
                 future = self._calls.get(message.call_id)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from lmforge.engines.lmi_dist.distributed import FollowerGroup
     from lmforge.engines.lmi_dist.loading import Built
     from lmforge.engines.lmi_dist.sampler import Record
+    from lmforge.engines.lmi_dist.speculative import Speculator
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
@@ -101,7 +102,9 @@ def _router_class() -> type:
                 error = str(output.error) if status == ipc.FAILED else None
                 items.append(ipc.Out(output.request_id, new, logprobs, top, status, error))
             if items:
-                self.core.send(ipc.Outputs(items))
+                speculator = self.core.speculator
+                counts = speculator.stats.wire() if speculator is not None else None
+                self.core.send(ipc.Outputs(items, counts))
 
     return CoreRouter
 
@@ -117,6 +120,7 @@ class Core:
         self.built: Built | None = None
         self.followers: FollowerGroup | None = None
         self.router: Any = None
+        self.speculator: Speculator | None = None
         self.stopping = False
         self.profiler = CoreProfiler()
 
@@ -142,6 +146,7 @@ class Core:
                     proc.kill()
             raise
         self.router = _router_class()(self)
+        self.speculator = self._speculate(built, world)
         built.manager.output_router = self.router
         if built.manager.batch_processor is not None:  # made by the warm-up; start() reuses it
             built.manager.batch_processor.output_router = self.router
@@ -157,6 +162,20 @@ class Core:
                 world=world,
             )
         )
+
+    def _speculate(self, built: Built, world: int) -> Speculator | None:
+        """Speculative decoding (:mod:`.speculative`) as ``option.speculative_config`` asks, or None."""
+        from lmforge.engines.lmi_dist.speculative import install
+
+        settings = self.config.speculation
+        if settings is None:
+            return None
+        if world > 1:
+            raise LmforgeError(
+                "option.speculative_config: lmi-dist speculates on one device only so far "
+                f"(option.tensor_parallel_degree={world})"
+            )
+        return install(built.manager, built.sampler, settings)
 
     # ------------------------------------------------------------------ messages
 

@@ -145,11 +145,14 @@ class LmiDistEngine(EngineBase):
             raise NotReadyError("lmi-dist engine is not running")
 
     def stats(self) -> EngineStats:
+        extra = self._lora.stats() if self._lora is not None else {}
+        if self.config.speculation is not None:
+            extra = {**extra, **speculation_metrics(self._core.speculation if self._core else None)}
         return self._stats(
             len(self._live) - self._waiting,
             waiting=self._waiting,
             healthy=self._core is not None and self._core.dead is None,
-            extra=self._lora.stats() if self._lora is not None else None,
+            extra=extra or None,
         )
 
     # ------------------------------------------------------------------ LoRA adapters
@@ -334,3 +337,18 @@ class _Installer:
 
     async def forget(self, adapter_id: int) -> None:
         await self.core.call(ipc.Method.FORGET, adapter_id=adapter_id)
+
+
+def speculation_metrics(counts: tuple[int, int, int, int, int] | None) -> dict[str, float]:
+    """``/metrics`` of speculative decoding (n-gram prompt lookup; greedy requests only, sampled ones run
+    without it): draft tokens proposed and accepted, tokens emitted by speculating steps, and the mean
+    tokens a speculating step emitted per request (accepted drafts + 1)."""
+    proposed, accepted, emitted, steps, skipped = counts or (0, 0, 0, 0, 0)
+    return {
+        "speculative_proposed_tokens_total": float(proposed),
+        "speculative_accepted_tokens_total": float(accepted),
+        "speculative_emitted_tokens_total": float(emitted),
+        "speculative_steps_total": float(steps),
+        "speculative_skipped_batch_steps_total": float(skipped),
+        "speculative_mean_accepted_length": emitted / steps if steps else 0.0,
+    }

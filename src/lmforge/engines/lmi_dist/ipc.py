@@ -195,6 +195,10 @@ class Out(msgspec.Struct, array_like=True):
 
 class Outputs(msgspec.Struct, tag="outputs", array_like=True):
     items: list[Out]
+    speculation: tuple[int, int, int, int, int] | None = None
+    """With speculative decoding on, the core's counters since it started: draft tokens proposed,
+    accepted, tokens emitted by speculating steps, request-steps that speculated, and steps that did
+    not because the batch was too large (:class:`.speculative.SpeculationStats`)."""
 
 
 class Reply(msgspec.Struct, tag="reply", array_like=True):

@@ -88,6 +88,9 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         """Hand the step's choices to the model runner (:func:`take_choices`) instead of scores whose
         argmax they are."""
         self.chosen: torch.Tensor | None = None
+        self.drafts: dict[str, list[int]] = {}
+        """This step's proposed tokens per request id (:mod:`.speculative`): such a request has a row
+        per position it verifies, each chosen as if the drafts before it had been generated."""
 
     @property
     def grammars(self) -> Grammars:
@@ -130,7 +133,21 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             matcher = None
             if params is not None and params.structured is not None:
                 matcher = self.grammars.matcher(key, params.structured)
-            rows.append(_Row(key, params, len(state.generated_tokens), history, generated, matcher))
+            row = _Row(key, params, len(state.generated_tokens), history, generated, matcher)
+            rows.append(row)
+            drafts = self.drafts.get(state.request_id) if self.drafts else None
+            for j in range(len(drafts or ())):  # a verified request: one more row per draft
+                assert drafts is not None
+                seen = drafts[: j + 1]
+                rows.append(
+                    _Row(
+                        key,
+                        params,
+                        row.draw + j + 1,
+                        None if history is None else [*history, *seen],
+                        None if generated is None else [*generated, *seen],
+                    )
+                )
         self._rows = rows  # consumed by __call__ of the same (synchronous) step
         return torch.tensor([row.key for row in rows], dtype=torch.int32)
 
