@@ -330,3 +330,96 @@ def same_with_adapters_in_a_crowd(url: str, prompts: Sequence[str], peft: Any, *
 def prompt_logprobs(answer: Answer, prompt_len: int) -> list[float | None]:
     """The prompt's part of an ``echo`` answer's log-probs (the first is None: nothing before it)."""
     return list(answer["logprobs"][:prompt_len])
+
+
+# --------------------------------------------------------------------------- speculation on vs off
+
+#: a flip of the greedy token where the top two log-probs were this close is a near-tie, not a bug: a
+#: verify pass computes the same logits with other matmul shapes
+NEAR_TIE = 1e-4
+
+
+def speculation_probes(prompts: Sequence[str]) -> list[Probe]:
+    """Greedy probes whose answers copy from their prompts (what n-gram prompt lookup proposes for), with
+    the top-2 log-probs that tell a near-tie from a wrong token; plus, from ``prompts``, plain greedy
+    ones that propose little."""
+    code = (
+        "Repeat this code exactly:\n\ndef merge(a, b):\n    out = []\n    i = j = 0\n"
+        "    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n"
+        "            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n"
+        "    return out + a[i:] + b[j:]\n"
+    )
+    quote = "Say it again: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over"
+    top2 = {"logprobs": True, "top_logprobs": 2, "temperature": 0}
+    return [
+        Probe(
+            "spec-chat-code",
+            CHAT,
+            {"messages": [{"role": "user", "content": code}], "max_tokens": 64, **top2},
+        ),
+        Probe(
+            "spec-chat-code-streamed",
+            CHAT,
+            {"messages": [{"role": "user", "content": code}], "max_tokens": 48, "stream": True, **top2},
+        ),
+        Probe(
+            "spec-completion-quote",
+            COMPLETIONS,
+            {"prompt": quote, "max_tokens": 40, "logprobs": 2, "temperature": 0},
+        ),
+        Probe(
+            "spec-lmi-code-stop",
+            LMI,
+            _lmi(code, {"max_new_tokens": 60, "top_n_tokens": 2, "stop": ["return"]}),
+        ),
+        *(
+            Probe(
+                f"spec-plain-{i}",
+                COMPLETIONS,
+                {"prompt": p, "max_tokens": 24, "logprobs": 2, "temperature": 0},
+            )
+            for i, p in enumerate(prompts[:3])
+        ),
+    ]
+
+
+def _first_flip(off: Answer, on: Answer) -> int | None:
+    tokens_off, tokens_on = off.get("tokens", []), on.get("tokens", [])
+    for i, (a, b) in enumerate(zip(tokens_off, tokens_on, strict=False)):
+        if a != b:
+            return i
+    return None if len(tokens_off) == len(tokens_on) else min(len(tokens_off), len(tokens_on))
+
+
+def _gap(answer: Answer, i: int) -> float | None:
+    """The top-two log-prob gap at token ``i`` (from the answer's top-2 alternatives), if known."""
+    top = answer.get("top") or []
+    if i >= len(top) or len(top[i]) < 2:
+        return None
+    values = sorted((lp for _, lp in top[i]), reverse=True)
+    return values[0] - values[1]
+
+
+def same_with_speculation(
+    url_off: str, url_on: str, probes: list[Probe], *, tol: float = TOL
+) -> tuple[dict[str, Answer], list[str]]:
+    """Each probe's answer with speculation on (``url_on``, alone and in a crowd of all the probes) equals
+    its answer with it off (``url_off``, alone): the same tokens and text, log-probs within ``tol``.
+    A probe whose tokens part where the top two log-probs were within :data:`NEAR_TIE` is reported by
+    name in the returned near-ties (its later tokens cannot compare), never dropped silently; any other
+    difference fails. Returns the answers with speculation on, by name, and the near-ties."""
+    off = asyncio.run(_alone_then_crowds(url_off, probes, 0, 0))[0]
+    on = same_alone_and_in_a_crowd(url_on, probes, rounds=2, seed=1, tol=tol)
+    problems: list[str] = []
+    near_ties: list[str] = []
+    for probe, want in zip(probes, off, strict=True):
+        got = on[probe.name]
+        flip = _first_flip(want, got)
+        if flip is not None:
+            gap = _gap(want, flip)
+            if gap is not None and gap <= NEAR_TIE:
+                near_ties.append(f"{probe.name}: token {flip} flipped at a near-tie (top-2 gap {gap:.1e})")
+                continue
+        problems += [f"{probe.name}{d}" for d in differences(want, got, tol)]
+    assert not problems, "speculation changed answers:\n" + "\n".join(problems[:40])
+    return on, near_ties

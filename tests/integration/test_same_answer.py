@@ -11,11 +11,24 @@ got log-probs off by up to 15 nats, and kept them afterwards alone. This module 
 
 from __future__ import annotations
 
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from lmforge.testing.server import RemoteServer
 from tests.conftest import Reference
-from tests.same_answer import Probe, echo_probe, prompt_logprobs, same_alone_and_in_a_crowd, standard_probes
+from tests.same_answer import (
+    Probe,
+    echo_probe,
+    prompt_logprobs,
+    same_alone_and_in_a_crowd,
+    same_with_speculation,
+    speculation_probes,
+    standard_probes,
+)
 from tests.shared_vllm import needs_vllm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("smollm2")]
@@ -70,6 +83,38 @@ def test_lmi_dist_same_alone_and_in_a_crowd(smollm2_lmi_dist: RemoteServer, refe
     # and still right alone after the crowds (a crowd once left the scorer broken for good)
     again = same_alone_and_in_a_crowd(smollm2_lmi_dist.url, _probes()[-len(PROMPTS) :], rounds=0)
     _check_against_transformers(again, reference_scores)
+
+
+#: n-gram prompt lookup as LMI-Dist serves it in these tests (disable_by_batch_size above the crowd, so
+#: that the crowd speculates too)
+SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
+
+
+@pytest.fixture(scope="module")
+def smollm2_lmi_dist_speculative(smollm2_model: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(smollm2_model, env={"OPTION_SPECULATIVE_CONFIG": json.dumps(SPECULATION)}) as server:
+        yield server
+
+
+def test_lmi_dist_speculation_gives_the_same_answer(
+    smollm2_lmi_dist: RemoteServer, smollm2_lmi_dist_speculative: RemoteServer
+) -> None:
+    """Greedy answers with n-gram speculation equal those without, alone and in a crowd with requests
+    that do not speculate (the standard probes: sampled, structured, penalties, echo); a flip at a
+    near-tie is reported by name. The crowd's own consistency is checked by the standard probes too."""
+    import httpx
+
+    probes = [*speculation_probes(PROMPTS), *standard_probes(PROMPTS)]
+    _, near_ties = same_with_speculation(smollm2_lmi_dist.url, smollm2_lmi_dist_speculative.url, probes)
+    for tie in near_ties:
+        warnings.warn(f"near-tie: {tie}", stacklevel=1)  # reported by name in pytest's summary
+    metrics = httpx.get(smollm2_lmi_dist_speculative.url + "/metrics").text
+    accepted = next(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("lmforge_engine_speculative_accepted_tokens_total")
+    )
+    assert accepted > 0, "no draft was ever accepted: speculation did not run"
 
 
 @needs_vllm
