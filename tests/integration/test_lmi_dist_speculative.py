@@ -1,0 +1,115 @@
+"""LMI-Dist with n-gram speculation, in-process on the tiny model: the same events as without it (tokens,
+log-probs, top-n, finish), whatever the request's settings, alone and together; bad settings refused
+at start naming the option."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lmforge.engines.lmi_dist.engine import LmiDistEngine
+from lmforge.engines.protocol import GenerationEvent, SamplingParams
+from tests.unit.test_lmi_dist_engine import collect, make_engine
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("lmi-dist-engine")]
+
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64})
+
+#: settings the verify pass must honour position by position
+PARAMS = {
+    "greedy": SamplingParams(max_new_tokens=40, ignore_eos=True),
+    "top-n": SamplingParams(max_new_tokens=24, top_n=3, ignore_eos=True),
+    "min-tokens": SamplingParams(max_new_tokens=20, min_new_tokens=12),
+    "repetition": SamplingParams(max_new_tokens=24, repetition_penalty=1.2, ignore_eos=True),
+    "penalties": SamplingParams(
+        max_new_tokens=24, presence_penalty=0.5, frequency_penalty=0.3, ignore_eos=True
+    ),
+    "short": SamplingParams(max_new_tokens=3, ignore_eos=True),
+    "stop-string": SamplingParams(max_new_tokens=40, stop=("e",), ignore_eos=True),
+    "sampled": SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.8, seed=7, ignore_eos=True),
+}
+PROMPTS = ("def f(x):\n    return x + x + x", "a b c a b c a b", "hello")
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _key(events: list[GenerationEvent]) -> list[tuple[object, ...]]:
+    return [
+        (
+            e.token.id if e.token else None,
+            e.token.log_prob if e.token else None,
+            tuple(e.token.top_logprobs or []) if e.token else None,
+            e.finish_reason,
+        )
+        for e in events
+    ]
+
+
+def _differences(want: dict, got: dict) -> list[str]:
+    """Where two runs' events differ: ids and finish exactly, log-probs within 1e-4."""
+    out = []
+    for rid, events in want.items():
+        other = got[rid]
+        if [(e[0], e[3], [t for t, _ in e[2] or ()]) for e in events] != [
+            (e[0], e[3], [t for t, _ in e[2] or ()]) for e in other
+        ]:
+            out.append(f"{rid}: tokens {[e[0] for e in events]} != {[e[0] for e in other]}")
+            continue
+        for i, (a, b) in enumerate(zip(events, other, strict=True)):
+            values = [(a[1], b[1])] + [(x[1], y[1]) for x, y in zip(a[2] or (), b[2] or (), strict=True)]
+            if any(x is not None and abs(x - y) > 1e-4 for x, y in values):
+                out.append(f"{rid}: log-probs of token {i}: {a} != {b}")
+    return out
+
+
+def _run_all(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> tuple[dict, dict]:
+    cases = [(f"{name}-{i}", params, p) for name, params in PARAMS.items() for i, p in enumerate(PROMPTS)]
+
+    async def alone() -> dict:
+        return {rid: _key(await collect(engine, rid, params, p)) for rid, params, p in cases}
+
+    async def together() -> dict:
+        got = await asyncio.gather(*(collect(engine, rid + "-c", params, p) for rid, params, p in cases))
+        return {rid: _key(events) for (rid, _, _), events in zip(cases, got, strict=True)}
+
+    return loop.run_until_complete(alone()), loop.run_until_complete(together())
+
+
+def test_speculation_gives_the_same_events_as_without(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    off = make_engine(tiny_model, loop)
+    try:
+        want, want_crowd = _run_all(off, loop)
+    finally:
+        loop.run_until_complete(off.shutdown())
+    on = make_engine(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=SPEC)
+    try:
+        got, got_crowd = _run_all(on, loop)
+        metrics = on.stats().metrics()
+    finally:
+        loop.run_until_complete(on.shutdown())
+    problems = _differences(want, got) + _differences(want, want_crowd) + _differences(want, got_crowd)
+    assert not problems, "\n".join(problems[:20])
+    # the tiny model's random weights rarely repeat themselves: drafts are proposed (and rejected);
+    # accepted ones are tested on SmolLM2 (tests/integration/test_same_answer.py)
+    assert metrics["speculative_proposed_tokens_total"] > 0
+    assert metrics["speculative_proposed_tokens_total"] >= metrics["speculative_accepted_tokens_total"]
+    assert metrics["speculative_mean_accepted_length"] >= 1.0
+
+
+def test_a_method_lmi_dist_does_not_serve_is_refused_at_start(
+    tiny_model: Path, loop: asyncio.AbstractEventLoop
+) -> None:
+    spec = json.dumps({"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": 2})
+    with pytest.raises(Exception, match=r"option\.speculative_config: method=draft_model"):
+        make_engine(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=spec)
