@@ -496,3 +496,46 @@ def test_adapter_on_a_starting_base_then_endpoint_delete(
 def _pid(folder: Path) -> int:
     """The host process of a process-mode instance (its container.json)."""
     return int(json.loads(folder.joinpath("container.json").read_text())["pid"])
+
+
+def test_an_adapter_is_registered_with_every_copy_of_its_base(
+    base_component: str,
+    clients: dict[str, Any],
+    local: dict[str, str],
+    material: dict[str, Path],
+    peft: PeftReference,
+    tmp_path: Path,
+) -> None:
+    """A base component scaled to two copies (two containers): the adapter component is registered
+    with the new copy before it serves, and answers as PEFT does from either (docs/components.md)."""
+    from lmforge.client.adapters import AdaptersClient
+
+    sm, smr = clients["sagemaker"], clients["sagemaker-runtime"]
+    url = _put(clients, _tarball(material["a1"], tmp_path / "a1.tar.gz"), "copies/a1.tar.gz")
+    desc = _create_adapter(sm, "copies-a1", url)
+    assert desc["InferenceComponentStatus"] == "InService", desc.get("FailureReason")
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName=BASE, DesiredRuntimeConfig={"CopyCount": 2}
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while (
+            sm.describe_inference_component(InferenceComponentName=BASE)["RuntimeConfig"]["CurrentCopyCount"]
+            != 2
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        url_report = local["AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME"] + "/lmforge/instances"
+        report = http_client().get(url_report).json()["components"]
+        ports = [r["port"] for r in report if r["component"] == BASE]
+        assert len(ports) == 2
+        for port in ports:  # each copy's own adapters API has it
+            assert AdaptersClient(f"http://127.0.0.1:{port}").describe("copies-a1")["name"] == "copies-a1"
+        expected = peft.greedy(PROMPT, NEW, "a1")
+        for _ in range(6):
+            assert _tokens(smr, "copies-a1") == expected
+    finally:
+        sm.update_inference_component_runtime_config(
+            InferenceComponentName=BASE, DesiredRuntimeConfig={"CopyCount": 1}
+        )
+        sm.delete_inference_component(InferenceComponentName="copies-a1")
