@@ -165,3 +165,19 @@ UVICORN = Library(
     fix="Install a uvicorn of the tested minor release (pip install 'uvicorn==0.54.*')",
     version_module="uvicorn",
 )
+
+
+#: PyTorch's int8 kernels under LMI-Dist's W8A8 layers (``engines.lmi_dist.cpu_linear.Int8Weight``,
+#: chosen by bench/quant_kernels.py): fbgemm's prepacked dynamic int8 linear, fed per-channel int8
+#: weights made from a checkpoint's int8 values. Private ops (``torch.ops.quantized``) and a private
+#: constructor; quantized tensors are deprecated upstream (pytorch#184982). ``quantize_int8`` checks it.
+TORCH_INT8 = Library(
+    name="torch",
+    tested="2.13.x",
+    user="LMI-Dist's W8A8 int8 layers",
+    reaches=(
+        Reach("torch:ops.quantized", ("linear_prepack", "linear_dynamic"), "fbgemm's int8 GEMM, prepacked"),
+        Reach("torch", ("_make_per_channel_quantized_tensor",), "int8 values + scales -> a qint8 weight"),
+    ),
+    fix="Install the tested torch (torch==2.13.0), or serve the unquantized folder",
+)

@@ -88,3 +88,39 @@ def test_an_unknown_option_quantize_stops_the_start_naming_the_choices(
     with pytest.raises((RuntimeError, TimeoutError)) as failed:  # the server exits, or never turns ready
         RemoteServer(folder, startup_timeout=120).start()
     assert "option.quantize=int3: unknown quantization method; choose one of: w8a8" in str(failed.value)
+
+
+def test_lora_adapters_on_a_quantized_base_same_alone_or_in_a_crowd(
+    tmp_path: Path, compiled: Path, lora_adapters: dict[str, Path]
+) -> None:
+    """Adapters stay float32 over the int8 base (LoRA keeps q/k/v and gate/up apart: their int8 layers
+    are the checkpoint's own); base and adapter requests in one crowd answer as they do alone."""
+    folder = tmp_path / "lora"
+    shutil.copytree(compiled, folder)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], folder / "adapters" / name)
+    (folder / "serving.properties").write_text(
+        "option.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\noption.max_lora_rank=16\n"
+    )
+    probes = [*standard_probes(PROMPTS), *standard_probes(PROMPTS, adapter="a1")]
+    probes += standard_probes(PROMPTS, adapter="a2")
+    with RemoteServer(folder) as server:
+        assert "linear layers on int8 weights (W8A8" in server.logs()
+        answers = same_alone_and_in_a_crowd(server.url, probes, rounds=1)
+    base = {k: v for k, v in answers.items() if not k.startswith("a")}
+    assert any(answers[f"a1-{k}"] != v for k, v in base.items()), "adapter a1 changed nothing"
+    assert any(answers[f"a2-{k}"] != answers[f"a1-{k}"] for k in base), "a1 and a2 answered alike"
+
+
+def test_a_checkpoint_with_a_float_lm_head_serves_it_in_float(tmp_path: Path, tiny_model: Path) -> None:
+    """What `lmforge compile --quantize` writes for a vLLM folder (vLLM 0.32 loads no int8 LM head):
+    LMI-Dist serves the head as the checkpoint declares it, in float32."""
+    from lmforge.quantize.w8a8 import quantize_folder
+
+    out = tmp_path / "head-fp32"
+    manifest = quantize_folder(tiny_model, out, lm_head=False)
+    assert manifest["lm_head"] == "fp32"
+    with RemoteServer(out) as server:
+        logs = server.logs()
+        assert "8 linear layers on int8 weights (W8A8" in logs  # 2 layers x (qkv, o, gate/up, down)
+        assert len(_greedy(server.url)[0]) == 16

@@ -178,3 +178,24 @@ def test_compile_reads_option_quantize_of_an_lmi_dist_folder(tmp_path: Path, tin
     result = CliRunner().invoke(main, ["compile", str(folder), "-o", str(out), "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output[result.output.index("{") :])["method"] == "w8a8"
+
+
+def test_compile_keeps_the_lm_head_float_for_a_vllm_folder(tmp_path: Path, tiny_model: Path) -> None:
+    from lmforge.cli import main
+
+    folder = tmp_path / "v"
+    shutil.copytree(tiny_model, folder)
+    (folder / "serving.properties").write_text("option.rolling_batch=vllm\noption.dtype=fp32\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["compile", str(folder), "--quantize", "w8a8", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "vLLM 0.32 loads no quantized LM head" in result.output
+    manifest = json.loads((out / MANIFEST).read_text())
+    qc = quantization_config(out)
+    assert manifest["lm_head"] == "fp32" and qc is not None and qc["ignore"] == ["lm_head"]
+
+
+def test_the_int8_kernels_reach_in_table_resolves() -> None:
+    from lmforge.reachins import TORCH_INT8, missing
+
+    assert missing(TORCH_INT8.reaches) == []

@@ -122,6 +122,18 @@ def _quantize_option(model_dir: Path) -> bool:
     return bool(config.quantize) and config.rolling_batch == "lmi-dist"
 
 
+def _backend_of_quiet(rolling_batch: str) -> str:
+    """The backend option.rolling_batch picks here (``auto``: vLLM when installed, else LMI-Dist)."""
+    if rolling_batch != "auto":
+        return rolling_batch
+    from lmforge.engines.registry import BackendUnavailableError, select_backend
+
+    try:
+        return select_backend("auto").name
+    except BackendUnavailableError:
+        return "lmi-dist"
+
+
 def _compile_quantized(request: CompileRequest) -> None:
     """--quantize (or an LMI-Dist folder's option.quantize): the quantized checkpoint at --output."""
     from lmforge.config import ConfigError, load_config
@@ -168,9 +180,17 @@ def _compile_quantized(request: CompileRequest) -> None:
     source = _source(resolved)
     from lmforge.quantize.w8a8 import quantize_folder
 
+    # vLLM 0.32 reads compressed-tensors int8 for linear layers only: its LM head (ParallelLMHead) has
+    # no weight_scale and refuses a quantized one, so a folder vLLM serves keeps the head in float
+    lm_head = _backend_of_quiet(config.rolling_batch) != "vllm"
+    if not lm_head:
+        note("the LM head stays float32: vLLM 0.32 loads no quantized LM head (LMI-Dist would serve one)")
+
     def build(target: Path) -> None:
         try:
-            manifest = quantize_folder(source, target, method_name=chosen.name, progress=note)
+            manifest = quantize_folder(
+                source, target, method_name=chosen.name, lm_head=lm_head, progress=note
+            )
         except QuantizeError as exc:
             raise click.ClickException(exc.message) from None
         note(f"quantized ({chosen.name}) in {manifest['seconds']:.1f} s; manifest: {target / MANIFEST}")
@@ -192,7 +212,8 @@ def _backend_of(model_dir: Path) -> str:
     if rolling_batch in ("lmi-dist", "disable"):
         note(
             f"error: option.rolling_batch={rolling_batch}: nothing to compile ahead of time (LMI-Dist runs "
-            "the model eagerly and starts in seconds); lmforge compile is for vllm and trtllm"
+            "the model eagerly and starts in seconds); lmforge compile is for vllm and trtllm, or "
+            "--quantize w8a8 -o OUT for a quantized checkpoint"
         )
         raise SystemExit(2)
     if rolling_batch == "auto":

@@ -148,11 +148,15 @@ def int8_supported() -> bool:
     )
 
 
-def quantize_int8(model: torch.nn.Module, rtn: Any) -> tuple[int, int]:
-    """Every ``nn.Linear`` of ``model`` (the LM head included) on int8 weights: those that carry
-    :data:`W_SCALE` (a W8A8 checkpoint's int8 values and scales) as they are, the others quantized here
-    with ``rtn(weight) -> (int8, scale)`` (:func:`lmforge.quantize.w8a8.rtn_int8`). Returns (layers,
-    int8 bytes). A weight shared with the input embedding stays for the embedding."""
+def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False) -> tuple[int, int]:
+    """The ``nn.Linear`` layers of ``model`` on int8 weights: with ``checkpoint``, those that carry
+    :data:`W_SCALE` (a W8A8 checkpoint's int8 values and scales; the layers it left in float, such as
+    an LM head vLLM must read, stay float), else every one, the LM head included, quantized here with
+    ``rtn(weight) -> (int8, scale)`` (:func:`lmforge.quantize.w8a8.rtn_int8`). Returns (layers, int8
+    bytes). A weight shared with the input embedding stays for the embedding."""
+    from lmforge.reachins import TORCH_INT8, check
+
+    check(TORCH_INT8)
     if not int8_supported():
         raise RuntimeError("this PyTorch has no x86 int8 kernels (torch.backends.quantized: x86)")
     torch.backends.quantized.engine = "x86"
@@ -165,6 +169,8 @@ def quantize_int8(model: torch.nn.Module, rtn: Any) -> tuple[int, int]:
                 continue
             weight = module.weight
             scale = getattr(module, W_SCALE, None)
+            if checkpoint and scale is None:
+                continue
             if scale is not None:
                 q = weight.detach().round().clamp_(-128, 127).to(torch.int8)
             else:

@@ -137,6 +137,17 @@ def build(cfg: ServingConfig) -> Built:
         kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
     quant, checkpoint = quantization(cfg, path, world, torch.cuda.is_available())
     if checkpoint:
+        from lmforge.quantize import MANIFEST, read_manifest
+
+        made = read_manifest(path)
+        log.info(
+            "lmi-dist: %s checkpoint (%s)",
+            quant,
+            f"{MANIFEST}: lmforge compile from {made.get('source', {}).get('weights', '?')}, LM head "
+            f"{made.get('lm_head', '?')}, {made.get('libraries', {})}"
+            if made
+            else f"no {MANIFEST}: made elsewhere; its quantization_config decides",
+        )
         model = _load_w8a8(path, kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(
@@ -157,7 +168,8 @@ def build(cfg: ServingConfig) -> Built:
             from lmforge.quantize.w8a8 import rtn_int8
 
             started = time.monotonic()
-            quantize_int8(model, rtn_int8)
+            quantize_int8(model, rtn_int8, checkpoint=checkpoint)
+            prepack(model, cfg.max_rolling_batch_size)  # what the checkpoint left in float32
             if not checkpoint:
                 log.warning(
                     "lmi-dist: option.quantize=%s: quantized the weights at load in %.1f s (int8 weights "
