@@ -7,7 +7,8 @@ model runner's ``_sample`` (:mod:`.sampler`), makes the batch processor early wi
 ``prepare_tensor_args`` (:mod:`.sampler`), reads ``background_thread_status`` and the manager's
 ``_generation_thread``, reads each request's ``logit_processor_kwargs`` and ``query_length`` in the
 LoRA batch hook (:mod:`.lora`), and reads the paged cache's per-layer views in its attention
-(:mod:`.attention`). These are private and may change in any release; the version pin in
+(:mod:`.attention`), and, with speculative decoding on, wraps the step's scheduling, tensors and
+update (:mod:`.speculative`). These are private and may change in any release; the version pin in
 pyproject.toml is the first guard, and :data:`TRANSFORMERS` the second: every one of them is an entry
 there, and :func:`check_classes` (the engine core's start, before the model loads) stops the start with
 a message naming what is missing, the installed and tested releases and why LMI-Dist needs it, instead

@@ -36,9 +36,15 @@ How a step is built (transformers 5.19's continuous batching) and where this mod
    ``TokenStream`` applies stop strings to them in order.
 
 Greedy requests are the same token for token as without speculation (up to floating-point ties: a
-verify pass has other matmul shapes). Sampled requests (``do_sample``) and structured output run
-without speculation for now (rejection sampling is not written yet), and so do models with
-sliding-window layers (a rejected token could overwrite a window slot still in use).
+verify pass has other matmul shapes). So are seeded sampled ones: the sampler draws the token at
+index t from the request's seed and t alone (:mod:`.sampler`), so verifying a draft means drawing
+that token exactly as without speculation and accepting the draft when they agree. For prompt
+lookup's proposals (a point mass on one token d) that is the rejection-sampling rule itself: d is
+accepted with probability p_target(d), and otherwise the token emitted is distributed as the target
+without d, renormalised; the output distribution is the target's because the output is the one
+without speculation. Structured output runs without speculation (its grammar matcher advances token
+by token and cannot take back a rejected draft yet), and so do models with sliding-window layers (a
+rejected token could overwrite a window slot still in use).
 """
 
 from __future__ import annotations
@@ -196,7 +202,7 @@ class Speculator:
                 break
             state = fs.state
             params = state.logit_processor_kwargs.get(PARAMS_KWARG)
-            if params is None or params.do_sample or params.structured is not None:
+            if params is None or params.structured is not None:
                 continue
             gate = self.gates.get(state.request_id)
             if gate is None:
@@ -374,7 +380,7 @@ def install(manager: Any, sampler: RequestSampler, settings: Speculation | None)
     speculator = Speculator(manager.batch_processor, sampler, settings)
     log.info(
         "lmi-dist: speculative decoding on: %s, up to %d tokens a step, prompt lookup %d-%d, off above "
-        "%d decoding requests; greedy requests only (sampled ones and structured output run without it)",
+        "%d decoding requests (structured output runs without it)",
         settings.method,
         speculator.k,
         settings.prompt_lookup_min,
