@@ -54,6 +54,7 @@ ORDER = {
     "gpu_roofline": 1800,
     "quant_kernels": 1900,
     "quantized": 2000,
+    "speculative": 2100,
 }
 
 #: hand-written findings a rerun keeps (see the module's docstring)
