@@ -372,6 +372,26 @@ def speculation_probes(prompts: Sequence[str]) -> list[Probe]:
             LMI,
             _lmi(code, {"max_new_tokens": 60, "top_n_tokens": 2, "stop": ["return"]}),
         ),
+        Probe(
+            "spec-lmi-code-penalties",
+            LMI,
+            _lmi(
+                code,
+                {"max_new_tokens": 40, "top_n_tokens": 2, "repetition_penalty": 1.1},
+            ),
+        ),
+        Probe(
+            "spec-completion-quote-presence",
+            COMPLETIONS,
+            {
+                "prompt": quote,
+                "max_tokens": 30,
+                "logprobs": 2,
+                "temperature": 0,
+                "presence_penalty": 0.2,
+                "min_tokens": 25,
+            },
+        ),
         *(
             Probe(
                 f"spec-plain-{i}",
