@@ -80,3 +80,16 @@ def test_not_json_and_both_forms_are_refused(tmp_path: Path) -> None:
         )
     with pytest.raises(ConfigError, match=r"speculative_length needs option\.speculative_draft_model"):
         _load(tmp_path, OPTION_SPECULATIVE_LENGTH="3")
+
+
+def test_config_show_prints_the_resolved_settings(tmp_path: Path) -> None:
+    from lmforge.config.show import render_config
+
+    (tmp_path / "serving.properties").write_text(
+        "option.speculative_draft_model=/models/draft\n", encoding="utf-8"
+    )
+    text = render_config(load_config(tmp_path, env={}))
+    assert (
+        'speculative decoding (resolved): {"method": "draft_model", "num_speculative_tokens": 5, '
+        '"prompt_lookup_min": 1, "prompt_lookup_max": 4, "model": "/models/draft"}'
+    ) in text

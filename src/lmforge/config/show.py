@@ -45,6 +45,8 @@ def render_config(resolved: ResolvedConfig, *, include_warnings: bool = True) ->
         lines.append("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if config.speculation is not None:
+        lines += ["", f"speculative decoding (resolved): {json.dumps(config.speculation.describe())}"]
     if include_warnings and resolved.warnings:
         lines.append("")
         lines.extend(f"warning: {warning}" for warning in resolved.warnings)
