@@ -149,3 +149,17 @@ def test_fake_modelopt_accepts_only_recorded_names(monkeypatch: pytest.MonkeyPat
         assert {a for _, a, _ in KV_METHODS.values()} <= kv_algos
     finally:
         _drop()
+
+
+def test_speculation_is_refused_at_start_naming_the_option(api: Any, tmp_path: Path) -> None:
+    import asyncio
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.trtllm.pytorch_backend import TrtllmPytorchEngine
+    from lmforge.errors import LmforgeError
+
+    config = ServingConfig(
+        model_dir=tmp_path, speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'
+    )
+    with pytest.raises(LmforgeError, match=r"option\.speculative_config \(ngram\).*LMI-Dist"):
+        asyncio.run(TrtllmPytorchEngine(config, api=api).start())

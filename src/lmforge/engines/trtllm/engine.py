@@ -38,7 +38,7 @@ from lmforge.engines.protocol import (
     Token,
 )
 from lmforge.engines.streaming import TokenStream
-from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, NotReadyError
+from lmforge.errors import ERROR_TABLE, BadRequestError, EngineDeadError, LmforgeError, NotReadyError
 
 if TYPE_CHECKING:
     from lmforge.adapters.spec import LoraAdapter
@@ -79,6 +79,7 @@ class TrtllmEngine(EngineBase):
         self._loras = LoraHandles()
 
     async def start(self) -> None:
+        refuse_speculation(self.config)
         from lmforge.engines.trtllm.api import load_api
         from lmforge.engines.trtllm.compile import ensure_engine
         from lmforge.engines.trtllm.plan import gpu_arch, make_plan
@@ -347,3 +348,14 @@ def _engine_linear_layers(folder: Path) -> dict[str, tuple[int, int]]:
     with torch.device("meta"):
         model = model_cls(config)
     return linear_layers_of(model)
+
+
+def refuse_speculation(config: ServingConfig) -> None:
+    """lmforge does not hand speculative decoding to TensorRT-LLM yet: a start that asks for it stops
+    here, naming the option, rather than serve without it."""
+    if config.speculation is not None:
+        raise LmforgeError(
+            f"option.speculative_config ({config.speculation.method}): lmforge does not pass speculative "
+            "decoding to TensorRT-LLM yet; LMI-Dist (option.rolling_batch=lmi-dist) and vLLM on a GPU "
+            "serve it"
+        )

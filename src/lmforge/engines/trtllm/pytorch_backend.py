@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.protocol import RequestField
-from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported
+from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported, refuse_speculation
 from lmforge.errors import NotReadyError
 
 if TYPE_CHECKING:
@@ -110,6 +110,7 @@ class TrtllmPytorchEngine(TrtllmEngine):
         self.checkpoint: Path | None = None
 
     async def start(self) -> None:
+        refuse_speculation(self.config)
         from lmforge.engines.trtllm.plan import gpu_arch
         from lmforge.engines.trtllm.pt_api import load_pt_api
         from lmforge.engines.trtllm.quantize import ensure_checkpoint
