@@ -8,6 +8,7 @@ depend on the other rows), and the quantized-at-load model must answer as the co
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +17,9 @@ import httpx
 import pytest
 
 from lmforge.testing.server import RemoteServer
-from tests.same_answer import same_alone_and_in_a_crowd, standard_probes
+from tests.same_answer import Probe, _alone_then_crowds, same_alone_and_in_a_crowd, standard_probes
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("quantized")]
 
 PROMPTS = (
     "def main():",
@@ -27,9 +28,6 @@ PROMPTS = (
     "    return self._value + other._value if isinstance(other, type(self)) else",
     "x = ",
 )
-
-#: alone vs in a crowd with adapters on the int8 base (see the LoRA test)
-LORA_TOL = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -93,29 +91,47 @@ def test_an_unknown_option_quantize_stops_the_start_naming_the_choices(
     assert "option.quantize=int3: unknown quantization method; choose one of: w8a8" in str(failed.value)
 
 
-def test_lora_adapters_on_a_quantized_base_same_alone_or_in_a_crowd(
-    tmp_path: Path, compiled: Path, lora_adapters: dict[str, Path]
-) -> None:
-    """Adapters stay float32 over the int8 base (LoRA keeps q/k/v and gate/up apart: their int8 layers
-    are the checkpoint's own); base and adapter requests in one crowd answer as they do alone, within
-    :data:`LORA_TOL`: the adapter products (BLAS over all rows of a step) differ with the batch at
-    float32 rounding, and the next layer's per-token int8 rounding can turn that into a step of one
-    quantization level (log-probs off by up to ~0.07 on the tiny model; exact with the base alone)."""
-    folder = tmp_path / "lora"
+@pytest.fixture(scope="module")
+def lora_server(
+    tmp_path_factory: pytest.TempPathFactory, compiled: Path, lora_adapters: dict[str, Path]
+) -> Iterator[RemoteServer]:
+    """The W8A8 checkpoint with two float32 adapters (LoRA keeps q/k/v and gate/up apart: their int8
+    layers are the checkpoint's own)."""
+    folder = tmp_path_factory.mktemp("w8a8-lora") / "model"
     shutil.copytree(compiled, folder)
     for name in ("a1", "a2"):
         shutil.copytree(lora_adapters[name], folder / "adapters" / name)
     (folder / "serving.properties").write_text(
         "option.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\noption.max_lora_rank=16\n"
     )
-    probes = [*standard_probes(PROMPTS), *standard_probes(PROMPTS, adapter="a1")]
-    probes += standard_probes(PROMPTS, adapter="a2")
     with RemoteServer(folder) as server:
-        assert "linear layers on int8 weights (W8A8" in server.logs()
-        answers = same_alone_and_in_a_crowd(server.url, probes, rounds=1, tol=LORA_TOL)
-    base = {k: v for k, v in answers.items() if not k.startswith("a")}
-    assert any(answers[f"a1-{k}"] != v for k, v in base.items()), "adapter a1 changed nothing"
+        yield server
+
+
+def _lora_probes() -> list[Probe]:
+    probes = [*standard_probes(PROMPTS), *standard_probes(PROMPTS, adapter="a1")]
+    return probes + standard_probes(PROMPTS, adapter="a2")
+
+
+def test_lora_adapters_apply_over_a_quantized_base(lora_server: RemoteServer) -> None:
+    assert "linear layers on int8 weights (W8A8" in lora_server.logs()
+    probes = _lora_probes()
+    alone, _ = asyncio.run(_alone_then_crowds(lora_server.url, probes, 0, 0))  # each sent alone
+    answers = dict(zip((p.name for p in probes), alone, strict=True))
+    base = [p.name for p in probes if not p.name.startswith("a")]
+    assert any(answers[f"a1-{k}"] != answers[k] for k in base), "adapter a1 changed nothing"
     assert any(answers[f"a2-{k}"] != answers[f"a1-{k}"] for k in base), "a1 and a2 answered alike"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect: LMI-Dist's adapter products (lora_mixed: fused, batched or segmented by the "
+    "step's make-up) differ with the batch at float32 rounding, and the next int8 layer's per-token "
+    "rounding can turn that into one quantization step (log-probs off by up to ~0.07 on the tiny "
+    "model); the base alone is exact. Needs a batch-invariant adapter product.",
+)
+def test_lora_adapters_on_a_quantized_base_same_alone_or_in_a_crowd(lora_server: RemoteServer) -> None:
+    same_alone_and_in_a_crowd(lora_server.url, _lora_probes(), rounds=1)
 
 
 def test_a_checkpoint_with_a_float_lm_head_serves_it_in_float(tmp_path: Path, tiny_model: Path) -> None:

@@ -235,7 +235,8 @@ class ServingConfig(BaseModel):
     )
     quantize: str | None = Field(
         default=None,
-        description="quantization method, for backends that support one (awq, gptq, fp8, ...)",
+        description="quantization: w8a8 (int8, LMI-Dist and vLLM; quantized at load on an unquantized "
+        "folder, read by lmforge compile --quantize); other names pass to vLLM or TensorRT-LLM",
         json_schema_extra=_key("option.quantize"),
     )
     enable_lora: Bool = Field(
