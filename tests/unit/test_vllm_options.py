@@ -154,3 +154,24 @@ def test_speculative_config_passes_to_vllm_and_vllm_cpu_refuses_it(
     monkeypatch.setattr(options, "_cpu_platform", lambda: True)
     with pytest.raises(VllmOptionError, match=r"option.speculative_config .*LMI-Dist serves"):
         engine_kwargs(_config(tmp_path, speculative_config=text), {})
+
+
+def test_w8a8_on_vllm_needs_the_checkpoint_and_a_float_lm_head(tmp_path: Path) -> None:
+    """vLLM reads a W8A8 checkpoint's own quantization_config but does not quantize to int8 at load,
+    and vLLM 0.32 loads no int8 LM head: both are refused before vLLM starts, naming what to do."""
+    import json
+
+    from lmforge.quantize import MANIFEST
+
+    with pytest.raises(
+        VllmOptionError, match=r"option.quantize=w8a8: vLLM does not quantize to int8 at load"
+    ):
+        engine_kwargs(_config(tmp_path, quantize="w8a8"), {})
+    (tmp_path / "config.json").write_text(
+        json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}})
+    )
+    assert "quantization" not in engine_kwargs(_config(tmp_path, quantize="w8a8"), {})  # the checkpoint's own
+    (tmp_path / MANIFEST).parent.mkdir(parents=True)
+    (tmp_path / MANIFEST).write_text(json.dumps({"method": "w8a8", "lm_head": "int8"}))
+    with pytest.raises(VllmOptionError, match=r"int8 LM head, which vLLM .* cannot load"):
+        engine_kwargs(_config(tmp_path), {})

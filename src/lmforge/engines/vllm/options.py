@@ -14,6 +14,7 @@ import difflib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.vllm import idle_wait, inspect_here, logprob_ranks, process_start
@@ -65,7 +66,7 @@ MAPPINGS: tuple[OptionMapping, ...] = (
     OptionMapping("max_rolling_batch_prefill_tokens", "max_num_batched_tokens"),
     OptionMapping("max_model_len", "max_model_len", _max_model_len),
     OptionMapping("dtype", "dtype", lambda v, _c: _DTYPES[v]),
-    OptionMapping("quantize", "quantization"),
+    OptionMapping("quantize", "quantization", lambda v, _cfg: None if v == "w8a8" else v),
     OptionMapping("enforce_eager", "enforce_eager"),
     OptionMapping("gpu_memory_utilization", "gpu_memory_utilization"),
     OptionMapping(
@@ -87,6 +88,31 @@ MAPPINGS: tuple[OptionMapping, ...] = (
 
 #: Options lmforge itself consumes for this backend; never passed to vLLM.
 _OWN_OPTIONS = frozenset({"entryPoint", "model_dir"})
+
+
+def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
+    """What vLLM cannot do with lmforge's W8A8 (``option.quantize=w8a8``, or a folder ``lmforge compile
+    --quantize w8a8`` wrote): vLLM reads such a checkpoint's own ``quantization_config``, but it does not
+    quantize to int8 at load, and vLLM 0.32 loads no int8 LM head."""
+    from lmforge.quantize import quantization_config, read_manifest
+
+    if not model.is_dir():
+        return []
+    problems = []
+    if config.quantize == "w8a8" and quantization_config(model) is None:
+        problems.append(
+            "option.quantize=w8a8: vLLM does not quantize to int8 at load; make the W8A8 checkpoint first "
+            "(lmforge compile DIR --quantize w8a8 -o OUT, with option.rolling_batch=vllm in DIR), or serve "
+            "this folder on LMI-Dist, which quantizes at load"
+        )
+    head = str((read_manifest(model) or {}).get("lm_head", ""))
+    if head.startswith("int8"):
+        problems.append(
+            f"this W8A8 checkpoint has an int8 LM head, which vLLM {_version()} cannot load; compile it "
+            "again with option.rolling_batch=vllm in the source folder (the head stays float32 then), or "
+            "serve it on LMI-Dist"
+        )
+    return problems
 
 
 @functools.cache
@@ -153,6 +179,7 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             "speculate on its CPU platform; LMI-Dist serves speculative decoding on CPU "
             "(option.rolling_batch=lmi-dist)"
         )
+    problems += _quantization_problems(config, Path(model))
     mapped = {m.arg for m in MAPPINGS}
     for name, text in sorted(extra_options.items()):
         if name in _OWN_OPTIONS:
