@@ -146,7 +146,7 @@ class Core:
                     proc.kill()
             raise
         self.router = _router_class()(self)
-        self.speculator = self._speculate(built, world)
+        self.speculator = self._speculate(built)
         built.manager.output_router = self.router
         if built.manager.batch_processor is not None:  # made by the warm-up; start() reuses it
             built.manager.batch_processor.output_router = self.router
@@ -163,19 +163,13 @@ class Core:
             )
         )
 
-    def _speculate(self, built: Built, world: int) -> Speculator | None:
+    def _speculate(self, built: Built) -> Speculator | None:
         """Speculative decoding (:mod:`.speculative`) as ``option.speculative_config`` asks, or None."""
         from lmforge.engines.lmi_dist.speculative import install
 
-        settings = self.config.speculation
-        if settings is None:
-            return None
-        if world > 1:
-            raise LmforgeError(
-                "option.speculative_config: lmi-dist speculates on one device only so far "
-                f"(option.tensor_parallel_degree={world})"
-            )
-        return install(built.manager, built.sampler, settings)
+        # the ranks (follower.py) install it too: each schedules the same drafts, as each makes the
+        # same choices (the sampler's draws are pure functions of the request)
+        return install(built.manager, built.sampler, self.config.speculation)
 
     # ------------------------------------------------------------------ messages
 

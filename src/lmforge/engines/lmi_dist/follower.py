@@ -24,6 +24,10 @@ def main() -> int:
     config = ServingConfig.model_validate_json(os.environ[CONFIG_ENV])
     parent = os.getppid()
     built = build(config)
+    from lmforge.engines.lmi_dist.speculative import install
+
+    # every rank makes the same steps: the same drafts (a pure function of each request's tokens)
+    install(built.manager, built.sampler, config.speculation)
     freeze_startup_heap(collect=True)  # what the load made since the imports' freeze: small
     built.manager.start()
     thread = built.manager._generation_thread

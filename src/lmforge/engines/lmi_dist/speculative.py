@@ -42,7 +42,8 @@ that token exactly as without speculation and accepting the draft when they agre
 lookup's proposals (a point mass on one token d) that is the rejection-sampling rule itself: d is
 accepted with probability p_target(d), and otherwise the token emitted is distributed as the target
 without d, renormalised; the output distribution is the target's because the output is the one
-without speculation. Structured output runs without speculation (its grammar matcher advances token
+without speculation. With tensor parallelism every rank installs it (:mod:`.follower`): the drafts are a pure function of
+each request's tokens, so all ranks build the same steps. Structured output runs without speculation (its grammar matcher advances token
 by token and cannot take back a rejected draft yet), and so do models with sliding-window layers (a
 rejected token could overwrite a window slot still in use).
 """
