@@ -12,12 +12,21 @@ from pathlib import Path
 import pytest
 
 from lmforge.engines.lmi_dist.engine import LmiDistEngine
-from lmforge.engines.protocol import GenerationEvent, SamplingParams
+from lmforge.engines.protocol import GenerationEvent, SamplingParams, StructuredOutput
 from tests.unit.test_lmi_dist_engine import collect, make_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("lmi-dist-engine")]
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64})
+
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+)
 
 #: settings the verify pass must honour position by position
 PARAMS = {
@@ -31,8 +40,15 @@ PARAMS = {
     "short": SamplingParams(max_new_tokens=3, ignore_eos=True),
     "stop-string": SamplingParams(max_new_tokens=40, stop=("e",), ignore_eos=True),
     "sampled": SamplingParams(max_new_tokens=16, do_sample=True, temperature=0.8, seed=7, ignore_eos=True),
+    "structured": SamplingParams(
+        max_new_tokens=24, top_n=2, structured=StructuredOutput("json_schema", SCHEMA)
+    ),
 }
-PROMPTS = ("def f(x):\n    return x + x + x", "a b c a b c a b", "hello")
+PROMPTS = (
+    "def f(x):\n    return x + x + x",
+    "a b c a b c a b",
+    '{"name": "ab", "n": 1} {"name": "ab", "n": ',
+)
 
 
 @pytest.fixture(scope="module")

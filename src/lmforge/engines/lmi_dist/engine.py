@@ -340,9 +340,9 @@ class _Installer:
 
 
 def speculation_metrics(counts: tuple[int, int, int, int, int] | None) -> dict[str, float]:
-    """``/metrics`` of speculative decoding (n-gram prompt lookup; structured output runs without it):
-    draft tokens proposed and accepted, tokens emitted by speculating steps, and the mean tokens a
-    speculating step emitted per request (accepted drafts + 1)."""
+    """``/metrics`` of speculative decoding (n-gram prompt lookup): draft tokens proposed and accepted,
+    tokens emitted by speculating steps, request-steps that speculated, steps too large to, and the
+    mean tokens a speculating step emitted per request (accepted drafts + 1)."""
     proposed, accepted, emitted, steps, skipped = counts or (0, 0, 0, 0, 0)
     return {
         "speculative_proposed_tokens_total": float(proposed),

@@ -68,6 +68,11 @@ class _Row:
     """Generated ids, for the presence and frequency penalties."""
     matcher: Any = None
     """The request's grammar matcher (structured output), None when unconstrained."""
+    chain: list[int] | None = None
+    """On the first row of a constrained request that verifies drafts: the drafts (its rows are
+    chosen one by one, each after the grammar took the token before it)."""
+    in_chain: bool = False
+    """A row of such a request (its grammar advances in :meth:`RequestSampler._verify_chain`)."""
 
 
 class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
@@ -136,6 +141,8 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             row = _Row(key, params, len(state.generated_tokens), history, generated, matcher)
             rows.append(row)
             drafts = self.drafts.get(state.request_id) if self.drafts else None
+            if drafts and matcher is not None:
+                row.chain, row.in_chain = drafts, True
             for j in range(len(drafts or ())):  # a verified request: one more row per draft
                 assert drafts is not None
                 seen = drafts[: j + 1]
@@ -146,6 +153,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
                         row.draw + j + 1,
                         None if history is None else [*history, *seen],
                         None if generated is None else [*generated, *seen],
+                        in_chain=row.in_chain,
                     )
                 )
         self._rows = rows  # consumed by __call__ of the same (synchronous) step
@@ -156,12 +164,17 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         n = scores.size(0)
         rows = self._rows if len(self._rows) == n else [_Row(-1, None, 0, None)] * n
         logprobs = torch.log_softmax(scores, dim=-1)  # the model's own, before any grammar
-        constrained = [(i, row.matcher) for i, row in enumerate(rows) if row.matcher is not None]
+        constrained = [
+            (i, row.matcher) for i, row in enumerate(rows) if row.matcher is not None and not row.in_chain
+        ]
         allowed = self.grammars.mask(scores, constrained) if constrained else scores
         chosen = argmax_rows(allowed)
+        for i, row in enumerate(rows):
+            if row.chain is not None:
+                self._verify_chain(scores, rows, i, chosen)
         for i, row in enumerate(rows):  # the rows whose choice is more than the argmax
             p = row.params
-            if p is not None and _reshapes(p, row.draw):
+            if p is not None and not row.in_chain and _reshapes(p, row.draw):
                 try:
                     chosen[i] = self._pick(allowed[i], p, row, self._eos_ids)
                 except Exception:  # one request's settings must never stop the loop for all
@@ -181,7 +194,7 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
             if p is None:
                 continue  # warm-up rows: greedy
             tok = chosen_ids[i]
-            if row.matcher is not None and not row.matcher.accept_token(tok):
+            if row.matcher is not None and not row.in_chain and not row.matcher.accept_token(tok):
                 log.warning("request %d: token %d does not follow its grammar", row.key, tok)
             record = self._records.get(row.key)
             if record is None:
@@ -196,6 +209,32 @@ class RequestSampler(ContinuousBatchingLogitsProcessor):  # type: ignore[misc]
         out = torch.full_like(scores, float("-inf"))
         out[torch.arange(n), chosen] = 0.0
         return out
+
+    def _verify_chain(self, scores: torch.Tensor, rows: list[_Row], first: int, chosen: torch.Tensor) -> None:
+        """A constrained request's verify rows, in order: each row's token is chosen under the grammar
+        as it stands after the tokens before it, and the grammar takes it; the walk stops at the first
+        choice that is not the draft (the rows after it are discarded by the verifier). So the grammar
+        ends having taken exactly the tokens that will be emitted."""
+        head = rows[first]
+        drafts, matcher = head.chain or [], head.matcher
+        for j in range(len(drafts) + 1):
+            row = rows[first + j]
+            try:
+                allowed = self.grammars.mask(scores[first + j : first + j + 1], [(0, matcher)])[0]
+                p = row.params
+                if p is not None and _reshapes(p, row.draw):
+                    choice = self._pick(allowed, p, row, self._eos_ids)
+                else:
+                    choice = torch.argmax(allowed)
+            except Exception:  # one request's settings must never stop the loop for all
+                log.exception("sampling failed for one row; taking the greedy token")
+                choice = torch.argmax(scores[first + j])
+            chosen[first + j] = choice
+            tok = int(choice)
+            if not matcher.accept_token(tok):
+                log.warning("request %d: token %d does not follow its grammar", row.key, tok)
+            if j == len(drafts) or tok != drafts[j] or matcher.is_terminated():
+                return
 
     @staticmethod
     def _pick(row: torch.Tensor, p: Sampling, plan: _Row, eos_ids: list[int]) -> torch.Tensor:

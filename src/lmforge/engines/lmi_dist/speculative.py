@@ -42,10 +42,13 @@ that token exactly as without speculation and accepting the draft when they agre
 lookup's proposals (a point mass on one token d) that is the rejection-sampling rule itself: d is
 accepted with probability p_target(d), and otherwise the token emitted is distributed as the target
 without d, renormalised; the output distribution is the target's because the output is the one
-without speculation. With tensor parallelism every rank installs it (:mod:`.follower`): the drafts are a pure function of
-each request's tokens, so all ranks build the same steps. Structured output runs without speculation (its grammar matcher advances token
-by token and cannot take back a rejected draft yet), and so do models with sliding-window layers (a
-rejected token could overwrite a window slot still in use).
+without speculation. Structured output speculates too: its verify rows are chosen one by one, each
+under the grammar as it stands after the tokens before it, and the walk stops at the first choice
+that is not the draft, so the grammar matcher takes exactly the tokens emitted
+(:meth:`.sampler.RequestSampler._verify_chain`). With tensor parallelism every rank installs it
+(:mod:`.follower`): the drafts are a pure function of each request's tokens, so all ranks build the
+same steps. Models with sliding-window layers run without it (a rejected token could overwrite a
+window slot still in use).
 """
 
 from __future__ import annotations
@@ -203,7 +206,7 @@ class Speculator:
                 break
             state = fs.state
             params = state.logit_processor_kwargs.get(PARAMS_KWARG)
-            if params is None or params.structured is not None:
+            if params is None:
                 continue
             gate = self.gates.get(state.request_id)
             if gate is None:
@@ -381,7 +384,7 @@ def install(manager: Any, sampler: RequestSampler, settings: Speculation | None)
     speculator = Speculator(manager.batch_processor, sampler, settings)
     log.info(
         "lmi-dist: speculative decoding on: %s, up to %d tokens a step, prompt lookup %d-%d, off above "
-        "%d decoding requests (structured output runs without it)",
+        "%d decoding requests",
         settings.method,
         speculator.k,
         settings.prompt_lookup_min,
