@@ -49,7 +49,7 @@ def test_show_lists_every_key_with_value_and_source(tmp_path: Path) -> None:
     assert table["max_request_size"] == ["6291456", "default"]
     assert table["option.rope_scaling"] == ["-", "default"]
     assert table["option.typo_key"][:2] == ["1", "serving.properties:3,"]
-    assert len(table) == 38  # 37 schema keys + 1 extra option
+    assert len(table) == 41  # 40 schema keys + 1 extra option
     assert result.stdout.splitlines()[0] == f"model folder: {tmp_path}"
     # the table has a header and column order key | value | source
     header = next(line for line in result.stdout.splitlines() if line.startswith("key"))

@@ -65,7 +65,15 @@ def test_the_managers_attributes_are_checked_once_it_exists() -> None:
         output_router=None,
         _generation_thread=None,
         logit_processor=None,
-        batch_processor=types.SimpleNamespace(model_runner=runner, output_router=None, cache=None),
+        batch_processor=types.SimpleNamespace(
+            model_runner=runner,
+            output_router=None,
+            cache=None,
+            scheduler=None,
+            inputs_and_outputs=None,
+            max_batch_tokens=0,
+            use_async_batching=False,
+        ),
     )
     compat.check_manager(complete)
     del complete.output_router
