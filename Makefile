@@ -54,10 +54,10 @@ TEST_WORKERS ?= 3
 test: install sdk3
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-# the inner loop (about 40 s on 2 cores): unit tests and the in-process HTTP contract; no server processes,
+# the inner loop (about 50 s on 2 cores, two workers): unit tests and the in-process HTTP contract; no server processes,
 # no vLLM engine, no load tests, no image builds
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration and not vllm and not load and not image and not gpu"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not integration and not vllm and not load and not image and not gpu"
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
