@@ -134,17 +134,23 @@ def _backend_of_quiet(rolling_batch: str) -> str:
         return "lmi-dist"
 
 
-def _compile_quantized(request: CompileRequest) -> None:
-    """--quantize (or an LMI-Dist folder's option.quantize): the quantized checkpoint at --output."""
+def _configuration(model_dir: Path) -> ResolvedConfig:
+    """``model_dir``'s resolved configuration; an invalid one is printed and exits with status 2."""
     from lmforge.config import ConfigError, load_config
-    from lmforge.quantize import QuantizeError, method
 
-    model_dir = request.model_dir
     try:
-        resolved = load_config(model_dir)
+        return load_config(model_dir)
     except ConfigError as exc:
         note(f"error: invalid configuration:\n{exc}")
         raise SystemExit(2) from None
+
+
+def _compile_quantized(request: CompileRequest) -> None:
+    """--quantize (or an LMI-Dist folder's option.quantize): the quantized checkpoint at --output."""
+    from lmforge.quantize import QuantizeError, method
+
+    model_dir = request.model_dir
+    resolved = _configuration(model_dir)
     config = resolved.config
     if request.gpu_arch or request.trtllm_version or config.rolling_batch == "trtllm":
         raise click.UsageError(
@@ -227,16 +233,12 @@ def _backend_of(model_dir: Path) -> str:
 def _compile_vllm(request: CompileRequest) -> None:
     """vLLM: start the engine once, keep its compiled graphs in the folder (or in a copy at --output)."""
     from lmforge import __version__
-    from lmforge.config import ConfigError, load_config
+    from lmforge.config import load_config
     from lmforge.engines.vllm import compile_run
     from lmforge.errors import LmforgeError
 
     model_dir = request.model_dir
-    try:
-        resolved = load_config(model_dir)
-    except ConfigError as exc:
-        note(f"error: invalid configuration:\n{exc}")
-        raise SystemExit(2) from None
+    resolved = _configuration(model_dir)
     for warning in resolved.warnings:
         note(f"warning: {warning}")
     output = request.output
