@@ -19,6 +19,7 @@ from lmforge.local.containers import OWNER_LABEL
 from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
 from tests.local_sagemaker import REGION, boto3_clients, handler_model, lmforge, local_sagemaker
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("image")]
 
@@ -317,8 +318,10 @@ def test_component_copies_are_containers_of_the_image(
     sm.update_inference_component_runtime_config(
         InferenceComponentName="ic-img", DesiredRuntimeConfig={"CopyCount": 0}
     )
-    deadline = time.monotonic() + 120
-    while copies & set(cpu_image.engine.containers(ours)):
-        assert time.monotonic() < deadline, cpu_image.engine.containers(ours)
-        time.sleep(0.5)
+    eventually(
+        lambda: not copies & set(cpu_image.engine.containers(ours)),
+        timeout=120,
+        state=lambda: cpu_image.engine.containers(ours),
+        interval=0.5,
+    )
     lmforge("delete", "image-components", env=local)

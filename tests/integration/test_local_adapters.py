@@ -21,6 +21,7 @@ import pytest
 from lmforge.testing.lora import PeftReference, make_adapter
 from lmforge.testing.server import TEST_ENV, RemoteServer, http_client
 from tests.local_sagemaker import REGION, lmforge
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
@@ -518,13 +519,11 @@ def test_an_adapter_is_registered_with_every_copy_of_its_base(
         InferenceComponentName=BASE, DesiredRuntimeConfig={"CopyCount": 2}
     )
     try:
-        deadline = time.monotonic() + 240
-        while (
-            sm.describe_inference_component(InferenceComponentName=BASE)["RuntimeConfig"]["CurrentCopyCount"]
-            != 2
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.3)
+
+        def runtime() -> dict[str, Any]:
+            return dict(sm.describe_inference_component(InferenceComponentName=BASE)["RuntimeConfig"])
+
+        eventually(lambda: runtime()["CurrentCopyCount"] == 2, timeout=240, state=runtime, interval=0.3)
         url_report = local["AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME"] + "/lmforge/instances"
         report = http_client().get(url_report).json()["components"]
         ports = [r["port"] for r in report if r["component"] == BASE]

@@ -17,7 +17,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.local_sagemaker import handler_model, lmforge
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
@@ -40,16 +40,17 @@ def copies(local: dict[str, str], endpoint: str) -> list[dict[str, Any]]:
 
 
 def wait_copies(sm: Any, name: str, count: int, timeout: float = 120) -> dict[str, Any]:
-    """The component once it is InService with ``count`` current copies (a hang guard, not a check)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """The component once it is InService with ``count`` current copies."""
+
+    def reached() -> dict[str, Any] | None:
         desc = sm.describe_inference_component(InferenceComponentName=name)
-        runtime = desc["RuntimeConfig"]
-        if desc["InferenceComponentStatus"] == "InService" and runtime["CurrentCopyCount"] == count:
-            return dict(desc)
         assert desc["InferenceComponentStatus"] != "Failed", desc.get("FailureReason")
-        assert time.monotonic() < deadline, desc
-        time.sleep(0.2)
+        in_service = desc["InferenceComponentStatus"] == "InService"
+        return dict(desc) if in_service and desc["RuntimeConfig"]["CurrentCopyCount"] == count else None
+
+    return eventually(
+        reached, timeout=timeout, state=lambda: sm.describe_inference_component(InferenceComponentName=name)
+    )
 
 
 def instance_count(sm: Any, endpoint: str) -> int:
@@ -57,10 +58,11 @@ def instance_count(sm: Any, endpoint: str) -> int:
 
 
 def wait_instances(sm: Any, endpoint: str, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while instance_count(sm, endpoint) != count:
-        assert time.monotonic() < deadline, sm.describe_endpoint(EndpointName=endpoint)
-        time.sleep(0.2)
+    eventually(
+        lambda: instance_count(sm, endpoint) == count,
+        timeout=timeout,
+        state=lambda: sm.describe_endpoint(EndpointName=endpoint),
+    )
 
 
 def invoke(smr: Any, endpoint: str, component: str) -> dict[str, Any]:
@@ -444,14 +446,15 @@ def test_an_update_replaces_copies_without_a_failed_request(
         sm.update_inference_component(
             InferenceComponentName="ic-roll", Specification={**spec, "Container": env}
         )
-        deadline = time.monotonic() + 120
-        while {r["port"] for r in copies(local, "rolling")} & old or len(copies(local, "rolling")) != 2:
-            assert time.monotonic() < deadline, copies(local, "rolling")
-            time.sleep(0.2)
+
+        def replaced() -> bool:
+            now = copies(local, "rolling")
+            return not {r["port"] for r in now} & old and len(now) == 2
+
+        eventually(replaced, timeout=120, state=lambda: copies(local, "rolling"))
         count = len(answers)
-        while len(answers) < count + 5:  # the new copies answer too
-            assert time.monotonic() < deadline and not failures, failures
-            time.sleep(0.05)
+        # the new copies answer too (a failure ends the wait: it is the finding)
+        eventually(lambda: failures or len(answers) >= count + 5, timeout=120, interval=0.05)
     finally:
         done.set()
         thread.join(60)

@@ -22,6 +22,7 @@ import pytest
 
 from lmforge.engines.lmi_dist import ipc
 from tests.local_sagemaker import REGION, base_env, handler_model, lmforge, parse_exports
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("local-sagemaker")]
 
@@ -636,12 +637,13 @@ def test_inference_components(
     sm.update_inference_component_runtime_config(
         InferenceComponentName="ic-llm", DesiredRuntimeConfig={"CopyCount": 2}
     )
-    deadline = time.monotonic() + 120  # the second copy is a second container (the g5.12xlarge has 4 GPUs)
-    while (runtime := sm.describe_inference_component(InferenceComponentName="ic-llm")["RuntimeConfig"])[
-        "CurrentCopyCount"
-    ] != 2:
-        assert time.monotonic() < deadline, runtime
-        time.sleep(0.3)
+
+    def second_copy() -> dict[str, Any] | None:
+        runtime = sm.describe_inference_component(InferenceComponentName="ic-llm")["RuntimeConfig"]
+        return dict(runtime) if runtime["CurrentCopyCount"] == 2 else None
+
+    # the second copy is a second container (the g5.12xlarge has 4 GPUs)
+    runtime = eventually(second_copy, timeout=120, interval=0.3)
     assert runtime["DesiredCopyCount"] == 2
     pid = _container_pid(local, "ic-endpoint")
     sm.delete_inference_component(InferenceComponentName="ic-llm")
