@@ -158,10 +158,8 @@ def main() -> None:
     }
     if notes.exists():
         result["profile"] = notes.read_text().strip()
-    out.parent.mkdir(parents=True, exist_ok=True)
     record.write(out, result, section)
     print(report(result))
-    print(f"wrote {out}")
 
 
 def report(result: dict[str, Any]) -> str:

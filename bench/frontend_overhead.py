@@ -316,7 +316,6 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
         "runs": rounds,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     record.write(out, result, section)
     print(report(result))
 

@@ -312,7 +312,6 @@ def main() -> None:
     if notes.exists():
         result["notes"] = notes.read_text().strip()
     out = args.out or RESULTS / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record.write(out, result, section)
 
 

@@ -168,10 +168,8 @@ def main() -> None:
         "runs": runs,
     }
     out = args.out_dir / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     record.write(out, result, section)
     print(report(result))
-    print(f"wrote {out}")
 
 
 def report(result: dict[str, Any]) -> str:

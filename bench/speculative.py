@@ -272,10 +272,8 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
         "runs": {w: {str(c): v for c, v in x.items()} for w, x in runs.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     record.write(args.out, result, section)
     print(report(result))
-    print(f"wrote {args.out}")
 
 
 def _row(result: dict[str, Any], workload: str, c: int) -> dict[str, Any]:

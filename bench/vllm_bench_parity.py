@@ -456,10 +456,8 @@ def main() -> None:
                 ],
             }
         out = args.out_dir / f"{name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
         record.write(out, result, section)
         print(report(result))
-        print(f"wrote {out}")
 
 
 def _tpot(row: dict[str, Any]) -> str:
