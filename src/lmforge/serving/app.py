@@ -86,16 +86,9 @@ class App:
         vLLM sends them), and what the handler's capabilities add."""
         lmi, openai = Errors.LMI, Errors.OPENAI
         routes = [
-            Route(INVOCATIONS_PATH, ("POST",), self._invocation(None), lmi, None, invocation=True),
-            Route(CHAT_PATH, ("POST",), self._invocation("chat"), openai, "chat", invocation=True),
-            Route(
-                COMPLETIONS_PATH,
-                ("POST",),
-                self._invocation("completion"),
-                openai,
-                "completion",
-                invocation=True,
-            ),
+            Route(INVOCATIONS_PATH, ("POST",), self._invocation(None), lmi),
+            Route(CHAT_PATH, ("POST",), self._invocation("chat"), openai),
+            Route(COMPLETIONS_PATH, ("POST",), self._invocation("completion"), openai),
             Route("/ping", ("GET", "HEAD"), self._ping, lmi),
             Route("/metrics", ("GET",), self._send_metrics, lmi),
             Route("/health", ("GET",), self._health, openai),

@@ -4,8 +4,8 @@ A route's API is decided here, once, and everything downstream reads it from the
 
 * the shape of its error bodies: OpenAI's (``{"error": {...}}``) on OpenAI's paths and vLLM's peer
   routes (as vLLM sends them), LMI's on SageMaker's and LMI's paths;
-* for an invocation route, the body schema it takes (:attr:`Route.schema`, handed to the handler on
-  :attr:`lmforge.handlers.io.Input.api`): ``chat`` or ``completion`` on OpenAI's routes; None on
+* for an invocation route, the body schema it takes, bound into its endpoint and handed to the handler
+  on :attr:`lmforge.handlers.io.Input.api`: ``chat`` or ``completion`` on OpenAI's routes; None on
   ``/invocations``, which takes any schema and is read by its body.
 
 A path that no route matches is answered 404, in OpenAI's shape under ``/v1/`` and on vLLM's tokenizer
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lmforge.handlers.request_common import Api
     from lmforge.serving import asgi
 
     Endpoint = Callable[[asgi.Scope, asgi.Receive, asgi.Send], Awaitable[None]]
@@ -49,10 +48,6 @@ class Route:
     methods: tuple[str, ...]
     endpoint: Endpoint
     errors: Errors
-    schema: Api | None = None
-    """An invocation route's body schema (None: any, read from the body)."""
-    invocation: bool = False
-    """A model call: admitted (503 when not ready or at capacity) and answered by the handler."""
     match: Callable[[str], bool] | None = None
     """Paths beyond ``path`` that the route answers (the adapters API's); its endpoint checks methods."""
 
@@ -70,7 +65,7 @@ class Router:
         found = self._exact.get(path)
         if found is not None:
             return found
-        return next((r for r in self._families if r.match is not None and r.match(path)), None)
+        return next((r for r in self._families if r.match and r.match(path)), None)
 
     @staticmethod
     def unmatched_errors(path: str) -> Errors:
