@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from typing import Any
@@ -25,11 +26,13 @@ def spin_condition() -> Iterator[Any]:
     ``__init__`` as it was put back after the test."""
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-    original = SpinCondition.__init__
+    original, wait = SpinCondition.__init__, SpinCondition.wait
     if hasattr(original, idle_wait._PATCHED):
         SpinCondition.__init__ = original.__wrapped__  # type: ignore[method-assign]
+    if hasattr(wait, idle_wait._PATCHED):
+        SpinCondition.wait = wait.__wrapped__  # type: ignore[method-assign]
     yield SpinCondition
-    SpinCondition.__init__ = original  # type: ignore[method-assign]
+    SpinCondition.__init__, SpinCondition.wait = original, wait  # type: ignore[method-assign]
 
 
 @pytest.fixture
@@ -78,3 +81,60 @@ def test_the_limit_is_read_from_the_environment() -> None:
 def test_the_plugin_is_installed_where_vllm_looks_for_it() -> None:
     plugins = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert plugins.get(idle_wait.PLUGIN_NAME) == "lmforge.engines.vllm.idle_wait:register"
+
+
+class RecordingPoller:
+    """A reader's ZeroMQ poller that records the timeout of each poll (and polls for real)."""
+
+    def __init__(self, poller: Any) -> None:
+        self.poller = poller
+        self.timeouts: list[int | None] = []
+
+    def poll(self, timeout: int | None = None) -> Any:
+        self.timeouts.append(timeout)
+        return self.poller.poll(timeout=0)  # nothing is written: answer at once, whatever was asked
+
+
+def test_a_reader_asleep_within_vllms_window_wakes_after_a_nap_not_the_recheck(
+    spin_condition: Any, pair: Any
+) -> None:
+    """A dropped notification (vLLM's PUB socket drops one while the one before it is queued) must
+    not leave a capped reader asleep until vLLM's 5 s recheck while the engine is generating (issue 60:
+    every stream of a run stopped for 5.05 s at once). Within vLLM's own one-second window since its
+    last read the reader sleeps in naps of the cap; after it, as vLLM does."""
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    assert idle_wait.apply(0.01)
+    writer, reader = pair()
+    assert not hasattr(writer, idle_wait._WINDOW)
+    poller = reader.poller = RecordingPoller(reader.poller)
+    recheck = shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS
+    # just past the busy wait, within vLLM's window: a nap, whether vLLM asked for its recheck or
+    # for no limit at all
+    reader.last_read = time.monotonic() - 0.05
+    reader.wait(timeout_ms=recheck)
+    reader.wait()
+    assert poller.timeouts == [10, 10]
+    # a shorter limit of vLLM's own stands
+    reader.wait(timeout_ms=3)
+    assert poller.timeouts[-1] == 3
+    # idle for longer than vLLM's own window: vLLM's wait, unchanged
+    reader.last_read = time.monotonic() - 5
+    reader.wait(timeout_ms=recheck)
+    assert poller.timeouts[-1] == recheck
+    # within the busy wait itself the reader does not poll at all
+    reader.record_read()
+    reader.wait()
+    assert len(poller.timeouts) == 4
+
+
+def test_vllms_own_poll_is_left_alone(spin_condition: Any, pair: Any) -> None:
+    """With a limit at or above vLLM's one second (``LMFORGE_VLLM_CPU_SPIN_MS=1000``), readers are
+    vLLM's: no window, no naps."""
+    assert idle_wait.apply(1.0)
+    _, reader = pair()
+    assert not hasattr(reader, idle_wait._WINDOW)  # not capped (the first test checks vLLM's 1 s)
+    poller = reader.poller = RecordingPoller(reader.poller)
+    reader.last_read = time.monotonic() - 1.5
+    reader.wait(timeout_ms=5000)
+    assert poller.timeouts == [5000]

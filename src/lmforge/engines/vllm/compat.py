@@ -54,8 +54,8 @@ REACHES: tuple[Reach, ...] = (
     ),
     Reach(
         "vllm.distributed.device_communicators.shm_broadcast:SpinCondition",
-        ("is_reader", "busy_loop_s"),
-        "idle_wait caps them",
+        ("is_reader", "busy_loop_s", "last_read"),
+        "idle_wait caps the poll and naps within vLLM's own window since the last read",
         set_in="__init__",
     ),
     Reach(

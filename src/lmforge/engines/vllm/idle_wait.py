@@ -16,6 +16,20 @@ longer pause the reader sleeps and the writer's wake-up (a ZeroMQ message, tens 
 less than any CPU prefill. With it the same 46 requests cost the worker 1.6 CPU-s.
 ``LMFORGE_VLLM_CPU_SPIN_MS`` sets another limit (``1000`` is vLLM's own behaviour). Where vLLM's class
 has changed shape, nothing is patched. This module must stay cheap to import, like :mod:`.lora_fix`.
+
+A sleeping reader must not miss its wake-up. vLLM's wake-up is best effort: the writer's ZeroMQ PUB socket
+has a send high-water mark of 1 and silently drops a notification while the one before it is still
+queued, so a reader asleep when that happens sleeps until its periodic recheck of the shared memory
+(``SHM_READER_RECHECK_INTERVAL_MS``, 5 s; vllm-project/vllm#45224). With vLLM's one-second poll a reader
+is never asleep while the engine is generating, so vLLM's own server rarely sees it. With a 10 ms poll a
+reader goes to sleep during a step that takes longer than that (a wave of prefills, a step slowed by
+the frontend and the client sharing the cores) and was then stuck for 5 s: every stream of a
+concurrency-64 run stopped at once, a sixth of the run's requests had a TPOT of ~90 ms against ~8, and
+throughput halved (issue 60; measured with ``vllm bench serve``, the stalls were 5.05 s long and became
+0.80 s with the recheck set to 777 ms). So for as long as vLLM's own poll would still be polling (its
+``busy_loop_s``, one second after the last read) the reader sleeps in naps of the same limit and looks
+at the shared memory after each: a lost notification costs at most one nap, and a reader idle for longer
+than that second sleeps as vLLM's does, until it is woken.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 from lmforge.engines.vllm.cpu_plugin import on_cpu
@@ -34,6 +49,9 @@ ENV = "LMFORGE_VLLM_CPU_SPIN_MS"
 DEFAULT_SPIN_MS = 10.0
 """Milliseconds a vLLM-CPU process keeps polling for the next message before it sleeps."""
 _PATCHED = "__lmforge_caps_busy_wait__"
+_WINDOW = "_lmforge_poll_window_s"
+"""Where a capped reader keeps vLLM's own busy-wait window: while within it, the reader sleeps in naps."""
+_MIN_NAP_MS = 1
 
 
 def spin_seconds(environ: dict[str, str] | None = None) -> float:
@@ -48,7 +66,8 @@ def spin_seconds(environ: dict[str, str] | None = None) -> float:
 
 
 def apply(seconds: float) -> bool:
-    """Cap the busy wait of every reader made from now on in this process; True when in place."""
+    """Cap the busy wait of every reader made from now on in this process, with naps for the rest of
+    vLLM's own window; True when in place."""
     from vllm.distributed.device_communicators import shm_broadcast
 
     cls: Any = getattr(shm_broadcast, "SpinCondition", None)
@@ -63,12 +82,32 @@ def apply(seconds: float) -> bool:
     def capped(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         limit = getattr(capped, _PATCHED)
-        if getattr(self, "is_reader", False) and isinstance(getattr(self, "busy_loop_s", None), (int, float)):
-            self.busy_loop_s = min(self.busy_loop_s, limit)
+        busy = getattr(self, "busy_loop_s", None)
+        if getattr(self, "is_reader", False) and isinstance(busy, (int, float)) and limit < busy:
+            setattr(self, _WINDOW, busy)
+            self.busy_loop_s = limit
 
     setattr(capped, _PATCHED, seconds)
     cls.__init__ = capped
+    if not getattr(cls.wait, _PATCHED, False):
+        cls.wait = _napping(cls.wait)
     return True
+
+
+def _napping(wait: Any) -> Any:
+    """vLLM's ``SpinCondition.wait``, with the sleep of a capped reader bounded to one nap (the cap,
+    at least 1 ms) while vLLM's own window since its last read lasts."""
+
+    @functools.wraps(wait)
+    def napping(self: Any, timeout_ms: int | None = None) -> None:
+        window = getattr(self, _WINDOW, None)
+        if window is not None and time.monotonic() <= self.last_read + window:
+            nap = max(int(self.busy_loop_s * 1000), _MIN_NAP_MS)
+            timeout_ms = nap if timeout_ms is None else min(timeout_ms, nap)
+        wait(self, timeout_ms)
+
+    setattr(napping, _PATCHED, True)
+    return napping
 
 
 def register() -> None:
@@ -79,6 +118,10 @@ def register() -> None:
 def _cap() -> None:
     seconds = spin_seconds()
     if apply(seconds):
-        log.info("lmforge: vLLM's message queues poll for at most %g ms before sleeping", seconds * 1e3)
+        log.info(
+            "lmforge: vLLM's message queues poll for at most %g ms before sleeping (in naps for vLLM's "
+            "first second)",
+            seconds * 1e3,
+        )
     else:
         log.info("lmforge: vLLM's SpinCondition is not the one this plugin knows; busy wait left as is")
