@@ -101,7 +101,10 @@ def lmforge_server(model: Path, env: dict[str, str], timeout: float = 400) -> It
 
 
 class VllmServer:
-    """`vllm serve` (vLLM's OpenAI-compatible server) in a subprocess."""
+    """`vllm serve` (vLLM's OpenAI-compatible server) in a subprocess, as vLLM's users run it: with no
+    vLLM plugin loaded (``VLLM_PLUGINS=``), so none of lmforge's plugins, which vLLM would otherwise
+    load from this environment's entry points, changes the reference (lmforge's ``idle_wait`` had made
+    the reference's readers sleep mid-run and miss wake-ups, as it had lmforge's: issue 60)."""
 
     def __init__(self, model: Path, env: dict[str, str], log: Path, name: str = TINY) -> None:
         self.port = free_port()
@@ -114,7 +117,7 @@ class VllmServer:
         cmd = [*api_server, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [*cmd, "--served-model-name", name, *vllm_args(name)],
-            env=env,
+            env={**env, "VLLM_PLUGINS": ""},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
@@ -148,6 +151,29 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(pids: list[int], *, window: float = 0.2, idle_cpu: float = 0.01, timeout: float = 30) -> float:
+    """Wait until the processes ``pids`` (every server of a comparison, with their children) are idle:
+    less than ``idle_cpu`` CPU-seconds together over ``window`` seconds. On a shared 2-core machine a
+    server that has just served keeps its cores busy for a while (vLLM's own message-queue readers poll
+    for a second after their last message, on the core its worker is pinned to, which every vLLM server
+    here shares), and the next server measured would pay for it. Returns the seconds waited; after
+    ``timeout`` it goes on (a busy neighbour is then the run's noise, not a hang)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        before = sum(_cpu_or_zero(p) for p in pids)
+        time.sleep(window)
+        if sum(_cpu_or_zero(p) for p in pids) - before < idle_cpu:
+            break
+    return time.monotonic() - started
+
+
+def _cpu_or_zero(pid: int) -> float:
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
 
 
 def descendants(pid: int) -> list[int]:

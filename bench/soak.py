@@ -5,9 +5,10 @@ A server that keeps state per request served, or whose per-step cost grows, slow
 that starves some streams shows a bimodal TPOT. So ``vllm bench serve`` (chat route, the random
 dataset of bench/vllm_bench_parity.py, 32 prompt / 64 output tokens, temperature 0) loads, in turn,
 `lmforge serve` on vLLM, `vllm serve` (the reference) and `lmforge serve` on LMI-Dist, all up at once
-with 64 sequences a batch, ``--runs`` times each; per run: output tok/s, the TPOT spread over the
+with 64 sequences a batch, once unmeasured (a new server's first batches of 64) and then ``--runs``
+times each; per run: output tok/s, the TPOT spread over the
 requests (bench/vllm_bench_parity.py's ``tpot_spread``) and the server's RSS. The finding per server
-is the last run over the first (goal: within the spread of the runs, 0.95-1.05) and any bimodal
+is the last run over the first (goal: at least 0.95, no slowdown) and any bimodal
 TPOT. Writes ``bench/results/soak[-MODEL].json``.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.soak [--runs 5] [--model tiny|smollm2-135m]
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
-from bench.frontend_overhead import MAX_SEQS, VllmServer, server_env, vllm_args, vllm_model
+from bench.frontend_overhead import MAX_SEQS, VllmServer, server_env, settle, vllm_args, vllm_model
 from bench.models import DESCRIPTIONS, MODELS, TINY, result_name
 from bench.vllm_bench_parity import (
     BIMODAL_SHARE,
@@ -35,6 +36,7 @@ from bench.vllm_bench_parity import (
     bimodal,
     git_describe,
     one_run,
+    process_tree,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,8 +46,9 @@ NAME = "soak"
 CONCURRENCY = 64
 PROMPTS = 384
 SERVERS = ("lmforge-vllm", "vllm", "lmforge-lmi-dist")
-#: the last run's output tok/s over the first's, per server
-GOAL = (0.95, 1.05)
+#: the least the last run's output tok/s over the first's may be, per server (no slowdown; a last run
+#: that is faster is this machine's run-to-run spread, ~7 % at 64 here, not a defect)
+GOAL = 0.95
 
 
 def lmi_dist_model(folder: Path, vllm_folder: Path) -> Path:
@@ -120,12 +123,21 @@ def main() -> None:
         }
         print(f"servers up after {time.monotonic() - started:.0f} s", flush=True)
         command = ""
+        # one run each, unmeasured, first: a new server's first batches of 64 are start-up, not soak
+        for label in SERVERS:
+            url, pid = targets[label]
+            settle([p for _, server in targets.values() for p in process_tree(server)])
+            warm = one_run(
+                bench, bench_args(url, "chat", CONCURRENCY, vllm_dir, args.model, PROMPTS), pid, PROMPTS
+            )
+            print(f"warm-up {label:<17} {warm['output_throughput']:7.0f} tok/s", flush=True)
         for i in range(args.runs):
             order = SERVERS if i % 2 == 0 else SERVERS[::-1]
             for label in order:
                 url, pid = targets[label]
                 argv = bench_args(url, "chat", CONCURRENCY, vllm_dir, args.model, PROMPTS)
                 command = " ".join(["vllm", "bench", "serve", *argv]).replace(url, "$URL")
+                settle([p for _, server in targets.values() for p in process_tree(server)])
                 rec = one_run(bench, argv, pid, PROMPTS)
                 if rec.get("failed") or not rec.get("completed"):
                     raise SystemExit(f"{label} run {i + 1}: failed requests: {rec.get('errors')}")
@@ -148,7 +160,7 @@ def main() -> None:
         "commit": git_describe(),
         # the worst server's last run over its first (the summary row's ratio: target 0.95)
         "ratio": min(row["last_over_first"] for row in rows.values()),
-        "target": GOAL[0],
+        "target": GOAL,
         "goal_last_over_first": GOAL,
         "rows": rows,
         "vllm_bench_serve": command,
@@ -177,10 +189,10 @@ def report(result: dict[str, Any]) -> str:
     from lmforge.bench.results import cpu_text
 
     s = result["settings"]
-    low, high = result["goal_last_over_first"]
+    low = result["goal_last_over_first"]
     lines = []
     for label, row in result["rows"].items():
-        ok = "met" if low <= row["last_over_first"] <= high else "MISSED"
+        ok = "met" if low <= row["last_over_first"] else "MISSED"
         runs = ", ".join(f"{t:.0f}" for t in row["output_throughput_runs"])
         std = ", ".join(f"{x:.1f}" for x in row["tpot_std_ms_runs"] if x is not None)
         rss = f"{row['rss_mib_runs'][0]:.0f} -> {row['rss_mib_runs'][-1]:.0f}"
@@ -194,7 +206,8 @@ def report(result: dict[str, Any]) -> str:
 `vllm bench serve --backend openai-chat` at concurrency {s["concurrency"]} ({s["prompts"]} prompts a run), on
 {model}, against each server in turn, all up at once with the same engine settings
 (`{" ".join(s["vllm_serve_args"])}`; LMI-Dist with the example model's settings at the same batch).
-Goal: the last run's output tok/s within {low}-{high} of the first's, and no bimodal TPOT (over
+Goal: the last run's output tok/s at least {low} of the first's (no slowdown; a faster last run is the
+run-to-run spread), and no bimodal TPOT (over
 {s["bimodal_share"]:.0%} of streams at more than {s["slow_stream"]:g}x the median). Commit
 `{result["commit"]}`, taken on {cpu_text(result["machine"])}.
 Result: `bench/results/{result["name"]}.json`.

@@ -54,6 +54,7 @@ from bench.frontend_overhead import (
     descendants,
     properties,
     server_env,
+    settle,
     vllm_args,
     vllm_model,
 )
@@ -169,6 +170,7 @@ def run_pair(
         url, pid = targets[label]
         argv = bench_args(url, route, c, model, name, PROMPTS[c])
         commands[route][c] = command_line(argv, url, model)
+        settle([p for _, server in targets.values() for p in process_tree(server)])
         rec = one_run(bench, argv, pid, PROMPTS[c])
         rec["order"] = "second" if (label == SERVERS[0]) == flip else "first"
         rec["session"] = session + 1
