@@ -99,6 +99,8 @@ class Exchange(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     protocol_version = "HTTP/1.1"
     server: Server
+    model_started: float | None = None
+    """When the current invocation's request to its container was sent (for ``ModelLatency``)."""
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -159,6 +161,7 @@ class Exchange(BaseHTTPRequestHandler):
         if accept:
             headers["Accept"] = accept
         conn = http.client.HTTPConnection("127.0.0.1", route.port, timeout=timeout)
+        self.model_started = time.perf_counter()
         try:
             conn.request("POST", path, body=body, headers=headers)
             response = conn.getresponse()
@@ -177,6 +180,29 @@ class Exchange(BaseHTTPRequestHandler):
             conn.close()
             raise model_error(route, response.status, text)
         return conn, response
+
+    def invoked(self, route: Route, started: float, failure: Reject | None) -> None:
+        """Count one invocation that was routed to a container in SageMaker's metrics: its outcome
+        (``failure``: how it was refused), its ``ModelLatency`` (from the request to the container to
+        the end of its answer) and ``OverheadLatency`` (the rest, since ``started``)."""
+        end = time.perf_counter()
+        model_started = getattr(self, "model_started", None) or end
+        status = None
+        if failure is not None:
+            status = int(failure.extra.get("OriginalStatusCode", failure.status) or 0)
+            if failure.error_type != "ModelError" and status < 400:
+                status = 500
+        self.server.provisioner.metrics.invocation(
+            route.account,
+            route.region,
+            route.endpoint_name,
+            route.variant,
+            route.component,
+            model_status=status,
+            model_us=max(0.0, end - model_started) * 1e6,
+            overhead_us=max(0.0, model_started - started) * 1e6,
+        )
+        self.model_started = None
 
     # ----- responses
     def relay(

@@ -44,6 +44,8 @@ CONTAINER_PATHS = {"chat/completions": "/v1/chat/completions"}
 def serve(handler: Exchange, match: re.Match[str], request_id: str) -> None:
     """Answer one request on the OpenAI path: route it, relay the container's answer, or refuse it
     in OpenAI's error shape."""
+    started = time.perf_counter()
+    handler.model_started = None
     try:
         name, component = unquote(match.group(1)), match.group(2) and unquote(match.group(2))
         container_path = CONTAINER_PATHS.get(match.group(3).rstrip("/"))
@@ -68,10 +70,15 @@ def serve(handler: Exchange, match: re.Match[str], request_id: str) -> None:
                 "/endpoints/{endpoint}/inference-components/{component}/openai/v1",
             )
         route = handler.route(name, region=region, component=component)
+        failure: Reject | None = None
         try:
             _relay(handler, route, body, container_path, request_id)
+        except Reject as rej:
+            failure = rej
+            raise
         finally:
             handler.server.provisioner.finished(route)
+            handler.invoked(route, started, failure)
     except Reject as rej:
         handler.refuse(rej, request_id, openai_error_body(rej))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.local.containers import Container
+from lmforge.local.metrics import Recorder
 
 
 class ProvisionError(Exception):
@@ -18,6 +19,15 @@ class ProvisionError(Exception):
 
 class RouteError(Exception):
     """An invocation that cannot be routed; the runtime answers it as a ValidationError."""
+
+
+class NoCapacity(RouteError):
+    """An invocation of an inference component that has no copy (it counts in the component's
+    ``NoCapacityInvocationFailures``)."""
+
+    def __init__(self, message: str, account: str, region: str, component: str) -> None:
+        super().__init__(message)
+        self.account, self.region, self.component = account, region, component
 
 
 #: SageMaker's routing strategies (``ProductionVariants[].RoutingConfig.RoutingStrategy``)
@@ -201,6 +211,8 @@ class Route:
     port: int
     adapter: str | None = None
     """The adapter component's name: sent as ``X-Amzn-SageMaker-Adapter-Identifier``."""
+    component: str | None = None
+    """The inference component invoked (an adapter component's own name), for its metrics."""
     instance: Container | None = field(default=None, compare=False)
     """The instance chosen (the runtime counts its outstanding requests and its sessions)."""
 
@@ -226,6 +238,8 @@ class Placements:
         """Guards the instances' ``outstanding`` counts (taken before ``_lock``, never after)."""
         self._sessions: dict[tuple[str, str, str, str], Container] = {}
         """(account, region, endpoint, session id) -> the instance that opened the session."""
+        self.metrics = Recorder()
+        """What the runtime counts for SageMaker's invocation metrics (:mod:`lmforge.local.metrics`)."""
 
     def _run(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=f"lmforge-{name}", daemon=True)

@@ -16,9 +16,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from lmforge.local.containers import Container
-from lmforge.local.placements import LEAST_OUTSTANDING_REQUESTS, RANDOM, Placements, Route, RouteError
+from lmforge.local.metrics import component_dims, endpoint_dims
+from lmforge.local.placements import (
+    LEAST_OUTSTANDING_REQUESTS,
+    RANDOM,
+    NoCapacity,
+    Placements,
+    Route,
+    RouteError,
+)
 
 #: the sticky sessions the router remembers (the oldest are forgotten first)
 MAX_SESSIONS = 100_000
@@ -28,6 +37,22 @@ NO_CAPACITY = (
     "in-progress (if configured) or try to increase the capacity by invoking "
     "UpdateInferenceComponentRuntimeConfig API."
 )
+
+
+class Gauge(NamedTuple):
+    """One inference component (``component``) or variant (None) as it runs now."""
+
+    account: str
+    region: str
+    endpoint: str
+    variant: str
+    component: str | None
+    size: int
+    """Its copies, or the variant's instances."""
+    outstanding: int
+    """The invocations in flight on them."""
+    serves_model: bool = True
+    """False for a variant that hosts inference components (its instances hold copies)."""
 
 
 class Router(Placements):
@@ -41,12 +66,37 @@ class Router(Placements):
     ) -> Route:
         """The container for an invocation, or RouteError saying why there is none. The chosen
         instance counts the invocation as outstanding until :meth:`finished`."""
-        with self._counting:  # choosing and counting at once: two requests never see the same count
-            route = self._route(region, endpoint_name, target_variant, component, session_id)
-            if route.instance is not None:
-                route.instance.outstanding += 1
-                route.instance.invocations += 1
+        try:
+            with self._counting:  # choosing and counting at once: two requests never see the same count
+                route = self._route(region, endpoint_name, target_variant, component, session_id)
+                if route.instance is not None:
+                    route.instance.outstanding += 1
+                    route.instance.invocations += 1
+                sample = self._concurrency(route)
+        except NoCapacity as exc:
+            self.metrics.no_capacity(exc.account, exc.region, exc.component)
+            raise
+        if sample is not None:
+            self.metrics.concurrency(route.account, route.region, *sample)
         return route
+
+    def _concurrency(self, route: Route) -> tuple[str, tuple[tuple[str, str], ...], float] | None:
+        """The requests in flight per copy of the routed component (per instance of the variant),
+        this one included (called under ``_counting``)."""
+        with self._lock:
+            if route.component is not None:
+                base = self._adapters.get((route.account, route.region, route.component))
+                name = base.base if base is not None else route.component
+                placed = self._components.get((route.account, route.region, name))
+                group = placed.containers if placed is not None else []
+                metric, dims = "ConcurrentRequestsPerCopy", component_dims(route.component)
+            else:
+                deployment = self._deployments.get((route.account, route.region, route.endpoint_name))
+                group = list(deployment.containers.get(route.variant, [])) if deployment is not None else []
+                metric, dims = "ConcurrentRequestsPerModel", endpoint_dims(route.endpoint_name, route.variant)
+        if not group:
+            return None
+        return metric, dims, sum(c.outstanding for c in group) / len(group)
 
     def instances_report(self) -> list[dict[str, object]]:
         """Every endpoint instance with its routing counts (the runtime's ``GET /lmforge/instances``)."""
@@ -106,6 +156,47 @@ class Router(Placements):
                 for h in names
                 if h not in used
             ]
+        return rows
+
+    def metric_gauges(self) -> list[Gauge]:
+        """What the runtime runs now, for the metrics read off it each period: every inference
+        component (an adapter component with its base's copies) and every variant."""
+        rows: list[Gauge] = []
+        with self._counting, self._lock:
+            for (account, region, name), p in self._components.items():
+                rows.append(
+                    Gauge(
+                        account,
+                        region,
+                        p.endpoint_name,
+                        p.variant,
+                        name,
+                        len(p.copies),
+                        sum(c.container.outstanding for c in p.copies),
+                    )
+                )
+            for (account, region, name), a in self._adapters.items():
+                base = self._components.get((account, region, a.base))
+                copies = base.copies if base is not None else []
+                outstanding = sum(c.container.outstanding for c in copies)
+                rows.append(
+                    Gauge(account, region, a.endpoint_name, a.variant, name, len(copies), outstanding)
+                )
+            for (account, region, endpoint, variant), hosts in self._hosts.items():
+                rows.append(Gauge(account, region, endpoint, variant, None, len(hosts.hosts), 0, False))
+            for d in self._deployments.values():
+                for variant, group in d.containers.items():
+                    rows.append(
+                        Gauge(
+                            d.account,
+                            d.region,
+                            d.endpoint_name,
+                            variant,
+                            None,
+                            len(group),
+                            sum(c.outstanding for c in group),
+                        )
+                    )
         return rows
 
     def finished(self, route: Route) -> None:
@@ -169,7 +260,7 @@ class Router(Placements):
                     f"(its base inference component {placement.base} is not)."
                 )
             if not base.copies:
-                raise RouteError(NO_CAPACITY)
+                raise NoCapacity(NO_CAPACITY, deployment.account, deployment.region, component)
             instance = _pick(base.containers, deployment.routing.get(placement.variant, RANDOM))
             return Route(
                 deployment.account,
@@ -179,6 +270,7 @@ class Router(Placements):
                 placement.variant,
                 instance.port,
                 adapter=component,
+                component=component,
                 instance=instance,
             )
         if component is not None:
@@ -188,7 +280,7 @@ class Router(Placements):
                 )
             p = placed[0]
             if not p.copies:
-                raise RouteError(NO_CAPACITY)
+                raise NoCapacity(NO_CAPACITY, deployment.account, deployment.region, component)
             instance = _pick(p.containers, deployment.routing.get(p.variant, RANDOM))
             return Route(
                 deployment.account,
@@ -197,6 +289,7 @@ class Router(Placements):
                 deployment.endpoint_arn,
                 p.variant,
                 instance.port,
+                component=component,
                 instance=instance,
             )
         if not deployment.containers:

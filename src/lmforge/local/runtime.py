@@ -67,6 +67,8 @@ class _Handler(Exchange):
         self.refuse(Reject(404, "UnknownOperationException", f"No operation at {self.path}"), "")
 
     def do_POST(self) -> None:
+        started = time.perf_counter()
+        self.model_started = None
         request_id = str(uuid.uuid4())
         openai = openai_path.PATH_RE.match(urlsplit(self.path).path)
         if openai is not None:
@@ -81,13 +83,18 @@ class _Handler(Exchange):
             if problem := name_problem("endpointName", name):
                 raise Reject(400, "ValidationError", problem)
             route = self.route(name)
+            failure: Reject | None = None
             try:
                 if operation == "invocations":
                     self._invoke(route, body, request_id)
                 else:
                     self._invoke_stream(route, body, request_id)
+            except Reject as rej:
+                failure = rej
+                raise
             finally:
                 self.server.provisioner.finished(route)
+                self.invoked(route, started, failure)
         except Reject as rej:
             self.refuse(rej, request_id)
 

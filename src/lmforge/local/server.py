@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.local import ACCOUNT_ID, iam_ext, moto_ext
+from lmforge.local import ACCOUNT_ID, autoscaling_ext, iam_ext, moto_ext
+from lmforge.local.autoscaler import DEFAULT_PERIOD_S, ENV_PERIOD, Autoscaler, period_from_env
 from lmforge.local.provisioner import Provisioner
 from lmforge.local.registry.process import port_problem
 from lmforge.local.runners import MODES, InstanceRunner
@@ -46,6 +47,8 @@ class LocalSageMaker:
     stream_timeout_s: float = 600.0
     mode: str = "auto"
     engine: str | None = None
+    metrics_period_s: float = DEFAULT_PERIOD_S
+    """How often the runtime's metrics are published and scaling policies evaluated (seconds)."""
 
     def start(self) -> None:
         from moto.moto_server.threaded_moto_server import ThreadedMotoServer
@@ -82,6 +85,9 @@ class LocalSageMaker:
         self.provisioner = Provisioner(self.state_dir, self.control_url, runner=self.runner)
         self.provisioner.start()
         moto_ext.install(self.provisioner)
+        autoscaling_ext.install()  # sagemaker:inference-component:DesiredCopyCount, DescribeScalingActivities
+        self.autoscaler = Autoscaler(self.provisioner, self.control_url, self.metrics_period_s)
+        self.autoscaler.start()
         self._runtime = RuntimeServer(
             (self.host, self.runtime_port),
             self.provisioner,
@@ -93,6 +99,8 @@ class LocalSageMaker:
 
     def stop(self) -> None:
         """Stop what :meth:`start` started (all of it, or the part it got to before failing)."""
+        if (autoscaler := getattr(self, "autoscaler", None)) is not None:
+            autoscaler.stop()
         if (provisioner := getattr(self, "provisioner", None)) is not None:
             provisioner.shutdown()
         if (runtime := getattr(self, "_runtime", None)) is not None:
@@ -115,6 +123,7 @@ class LocalSageMaker:
             "mode": self.runner.mode,
             "engine": self.runner.engine.kind if self.runner.engine is not None else None,
             "registry_url": self.registry.url if self.registry is not None else None,
+            "metrics_period_s": self.metrics_period_s,
         }
 
 
@@ -128,7 +137,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-timeout", type=float, default=600.0)
     parser.add_argument("--mode", choices=MODES, default="auto", help="how endpoint instances run")
     parser.add_argument("--engine", choices=("auto", "podman", "docker"), default=None)
+    parser.add_argument(
+        "--metrics-period",
+        type=float,
+        default=None,
+        help=f"seconds between metric publications and scaling evaluations (default: ${ENV_PERIOD}, else "
+        f"{DEFAULT_PERIOD_S:g})",
+    )
     args = parser.parse_args(argv)
+    try:
+        period = args.metrics_period if args.metrics_period is not None else period_from_env()
+        if not period > 0:
+            raise ValueError(f"--metrics-period {period} is not a number of seconds above 0")
+    except ValueError as exc:
+        logging.basicConfig(level=logging.INFO)
+        log.error("the local SageMaker could not start: %s", exc)
+        return 3
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for flag, port in (("--port", args.port), ("--runtime-port", args.runtime_port)):
         problem = port_problem(args.host, port)  # moto's server would hang on a busy port
@@ -150,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         args.stream_timeout,
         args.mode,
         args.engine,
+        period,
     )
     try:
         local.start()
