@@ -1,6 +1,6 @@
 """LMI-Dist with n-gram speculation, in-process on the tiny model: the same events as without it (tokens,
-log-probs, top-n, finish), whatever the request's settings, alone and together; bad settings refused
-at start naming the option."""
+log-probs, top-n, finish), whatever the request's settings, alone and together (the draft-model proposer
+and bad drafts: test_lmi_dist_speculative_draft.py; bad settings: tests/unit/test_speculative_config.py)."""
 
 from __future__ import annotations
 
@@ -121,11 +121,3 @@ def test_speculation_gives_the_same_events_as_without(
     assert metrics["speculative_proposed_tokens_total"] > 0
     assert metrics["speculative_proposed_tokens_total"] >= metrics["speculative_accepted_tokens_total"]
     assert metrics["speculative_mean_accepted_length"] >= 1.0
-
-
-def test_a_method_lmi_dist_does_not_serve_is_refused_at_start(
-    tiny_model: Path, loop: asyncio.AbstractEventLoop
-) -> None:
-    spec = json.dumps({"method": "draft_model", "model": str(tiny_model), "num_speculative_tokens": 2})
-    with pytest.raises(Exception, match=r"option\.speculative_config: method=draft_model"):
-        make_engine(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=spec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 METHODS = ("ngram", "draft_model")
@@ -138,3 +139,30 @@ def resolve(config_json: str | None, draft_model: str | None, length: int | None
         raise ValueError(f"{_OPTION}: model is for method=draft_model, not {method}")
     batch = _int(data, "disable_by_batch_size", None, 1, None)
     return Speculation(method, k, low, high, model, batch)
+
+
+def draft_folder(model: str, model_dir: Path | None) -> Path:
+    """The draft model's folder: ``model`` as a path, a relative one taken relative to the model
+    folder ``model_dir`` (as ``option.model_id`` is; without one, to the working directory)."""
+    candidate = Path(model).expanduser()
+    if not candidate.is_absolute() and model_dir is not None:
+        candidate = model_dir / candidate
+    return candidate.absolute()
+
+
+def describe_draft(folder: Path) -> str:
+    """One line on a draft model folder for ``lmforge config show``: its architecture, layers and
+    vocabulary from its config.json (no weights read), or why it is not a model folder."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return f"{folder} (not a model folder: no config.json; the engine refuses it at start)"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as err:
+        return f"{folder} (config.json unreadable: {err})"
+    text = data.get("text_config", data) if isinstance(data, dict) else {}
+    arch = ", ".join(data.get("architectures") or ["?"]) if isinstance(data, dict) else "?"
+    return (
+        f"{folder} ({arch}, {text.get('num_hidden_layers', '?')} layers, vocabulary "
+        f"{text.get('vocab_size', '?')})"
+    )

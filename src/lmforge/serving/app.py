@@ -411,9 +411,14 @@ class App:
             f'lmforge_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.state.responses.items())
         ]
         stats = self.handler.stats() if self.state.phase == Phase.READY else None
+        typed = set()
         for key, value in sorted(stats.metrics().items() if stats is not None else ()):
-            kind = "counter" if key.endswith("_total") else "gauge"
-            lines += [f"# TYPE lmforge_engine_{key} {kind}", f"lmforge_engine_{key} {value:g}"]
+            family = key.partition("{")[0]  # a key may carry labels: name{label="value"}
+            if family not in typed:
+                typed.add(family)
+                kind = "counter" if family.endswith("_total") else "gauge"
+                lines.append(f"# TYPE lmforge_engine_{family} {kind}")
+            lines.append(f"lmforge_engine_{key} {value:g}")
         return "\n".join(lines) + "\n"
 
 

@@ -169,7 +169,7 @@ class Core:
 
         # the ranks (follower.py) install it too: each schedules the same drafts, as each makes the
         # same choices (the sampler's draws are pure functions of the request)
-        return install(built.manager, built.sampler, self.config.speculation)
+        return install(built, self.config)
 
     # ------------------------------------------------------------------ messages
 

@@ -147,7 +147,12 @@ class LmiDistEngine(EngineBase):
     def stats(self) -> EngineStats:
         extra = self._lora.stats() if self._lora is not None else {}
         if self.config.speculation is not None:
-            extra = {**extra, **speculation_metrics(self._core.speculation if self._core else None)}
+            extra = {
+                **extra,
+                **speculation_metrics(
+                    self._core.speculation if self._core else None, self.config.speculation.method
+                ),
+            }
         return self._stats(
             len(self._live) - self._waiting,
             waiting=self._waiting,
@@ -339,16 +344,23 @@ class _Installer:
         await self.core.call(ipc.Method.FORGET, adapter_id=adapter_id)
 
 
-def speculation_metrics(counts: tuple[int, int, int, int, int] | None) -> dict[str, float]:
-    """``/metrics`` of speculative decoding (n-gram prompt lookup): draft tokens proposed and accepted,
-    tokens emitted by speculating steps, request-steps that speculated, steps too large to, and the
-    mean tokens a speculating step emitted per request (accepted drafts + 1)."""
+def speculation_metrics(counts: tuple[int, int, int, int, int] | None, proposer: str) -> dict[str, float]:
+    """``/metrics`` of speculative decoding: draft tokens proposed and accepted, tokens emitted by
+    speculating steps, request-steps that speculated, steps too large to, and the mean tokens a
+    speculating step emitted per request (accepted drafts + 1): the engine's (``speculative_*``) and
+    the same per proposer (``speculative_proposer_*{proposer="ngram"|"draft_model"}``; an engine has
+    one, so its series equal the engine's: a family of their own, never summed twice)."""
     proposed, accepted, emitted, steps, skipped = counts or (0, 0, 0, 0, 0)
+    values = {
+        "proposed_tokens_total": float(proposed),
+        "accepted_tokens_total": float(accepted),
+        "emitted_tokens_total": float(emitted),
+        "steps_total": float(steps),
+        "mean_accepted_length": emitted / steps if steps else 0.0,
+    }
+    label = f'{{proposer="{proposer}"}}'
     return {
-        "speculative_proposed_tokens_total": float(proposed),
-        "speculative_accepted_tokens_total": float(accepted),
-        "speculative_emitted_tokens_total": float(emitted),
-        "speculative_steps_total": float(steps),
+        **{f"speculative_{key}": value for key, value in values.items()},
         "speculative_skipped_batch_steps_total": float(skipped),
-        "speculative_mean_accepted_length": emitted / steps if steps else 0.0,
+        **{f"speculative_proposer_{key}{label}": value for key, value in values.items()},
     }

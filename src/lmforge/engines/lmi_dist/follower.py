@@ -26,8 +26,9 @@ def main() -> int:
     built = build(config)
     from lmforge.engines.lmi_dist.speculative import install
 
-    # every rank makes the same steps: the same drafts (a pure function of each request's tokens)
-    install(built.manager, built.sampler, config.speculation)
+    # every rank makes the same steps: the same drafts (a pure function of each request's tokens,
+    # prompt lookup's or a whole draft model's greedy choices on every rank)
+    install(built, config)
     freeze_startup_heap(collect=True)  # what the load made since the imports' freeze: small
     built.manager.start()
     thread = built.manager._generation_thread

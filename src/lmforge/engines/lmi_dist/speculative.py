@@ -7,7 +7,9 @@ How a step is built (transformers 5.19's continuous batching) and where this mod
    is 1, and the cache has been given room for that one token (``can_store_request_tokens``).
    :meth:`Speculator.schedule_batch` wraps the scheduler's: for each decoding request that may
    speculate it asks the proposer for up to k tokens that may follow (n-gram prompt lookup: the last
-   n tokens found earlier in the prompt or output, and what followed them there), asks the cache for
+   n tokens found earlier in the prompt or output, and what followed them there; or a draft model's
+   greedy continuation, :mod:`.draft`, whose own per-request cache follows the accepted tokens), asks
+   the cache for
    room for them too, and makes them extra query tokens, exactly as a chunk of prefill would be:
    ``tokens_to_process = [last, d1..dk]``, ``query_length = 1 + k``, the step's query-token count
    grows by k and it is no longer a one-token-per-request ("decode fast path") step. Drafts are cut
@@ -39,7 +41,8 @@ Greedy requests are the same token for token as without speculation (up to float
 verify pass has other matmul shapes). So are seeded sampled ones: the sampler draws the token at
 index t from the request's seed and t alone (:mod:`.sampler`), so verifying a draft means drawing
 that token exactly as without speculation and accepting the draft when they agree. For prompt
-lookup's proposals (a point mass on one token d) that is the rejection-sampling rule itself: d is
+lookup's and the draft model's proposals (each a point mass on one token d: the draft proposes
+greedily) that is the rejection-sampling rule itself: d is
 accepted with probability p_target(d), and otherwise the token emitted is distributed as the target
 without d, renormalised; the output distribution is the target's because the output is the one
 without speculation. Structured output speculates too: its verify rows are chosen one by one, each
@@ -62,8 +65,15 @@ from typing import TYPE_CHECKING, Any
 from lmforge.errors import LmforgeError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lmforge.config import ServingConfig
     from lmforge.config.speculative import Speculation
+    from lmforge.engines.lmi_dist.draft import DraftModel
+    from lmforge.engines.lmi_dist.loading import Built
     from lmforge.engines.lmi_dist.sampler import RequestSampler
+
+PROPOSERS = ("ngram", "draft_model")
 
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
@@ -132,16 +142,24 @@ class SpeculationStats:
 class Speculator:
     """Speculative decoding for one ContinuousBatchProcessor (see the module's docstring)."""
 
-    def __init__(self, processor: Any, sampler: RequestSampler, settings: Speculation) -> None:
+    def __init__(
+        self,
+        processor: Any,
+        sampler: RequestSampler,
+        settings: Speculation,
+        draft: Callable[[int], DraftModel] | None = None,
+    ) -> None:
         from transformers.generation.continuous_batching.cache_allocators.full_attention import (
             FullAttentionCacheAllocator,
         )
 
-        if settings.method != "ngram":
+        if settings.method not in PROPOSERS:
             raise LmforgeError(
-                f"option.speculative_config: method={settings.method} is not served by lmi-dist yet; "
-                "use method=ngram"
+                f"option.speculative_config: method={settings.method} is not served by lmi-dist; "
+                f"use one of {', '.join(PROPOSERS)}"
             )
+        if settings.method == "draft_model" and draft is None:
+            raise LmforgeError("option.speculative_config: method=draft_model needs its draft model loaded")
         cache = processor.cache
         if not all(isinstance(a, FullAttentionCacheAllocator) for a in cache.cache_allocators.values()):
             raise LmforgeError(
@@ -156,6 +174,8 @@ class Speculator:
         self.k = settings.num_speculative_tokens
         self.max_batch = settings.disable_by_batch_size or DEFAULT_DISABLE_BY_BATCH_SIZE
         self.stats = SpeculationStats()
+        self.draft: DraftModel | None = draft(self.max_batch) if draft is not None else None
+        """The draft model (``method: draft_model``), or None: n-gram prompt lookup."""
         self.lock = threading.Lock()
         self.plan: dict[str, list[int]] = {}
         self.gates: dict[str, _Gate] = {}
@@ -218,9 +238,17 @@ class Speculator:
             k = min(self.k, left, budget)
             if k <= 0:
                 continue
-            drafts = propose_ngram(
-                self._tokens(gate, state), k, self.settings.prompt_lookup_min, self.settings.prompt_lookup_max
-            )
+            tokens = self._tokens(gate, state)
+            if self.draft is not None:
+                if not cache.can_store_request_tokens(state, 1 + k):
+                    k = _room(cache, state, k)
+                    if k <= 0:
+                        continue
+                drafts = self.draft.propose(state.request_id, tokens, k)
+            else:
+                drafts = propose_ngram(
+                    tokens, k, self.settings.prompt_lookup_min, self.settings.prompt_lookup_max
+                )
             if not drafts or not cache.can_store_request_tokens(state, 1 + len(drafts)):
                 continue
             state.tokens_to_process = [*state.tokens_to_process, *drafts]
@@ -248,6 +276,8 @@ class Speculator:
         active = self.processor.scheduler.active_requests
         for rid in [rid for rid in self.gates if rid not in active]:
             del self.gates[rid]
+        if self.draft is not None:
+            self.draft.prune(active)
 
     # ------------------------------------------------------------------ 2. tensors
 
@@ -336,6 +366,8 @@ class Speculator:
                 scheduler.finish_request(state.request_id)
                 scheduler.block_new_requests = False
                 self.gates.pop(state.request_id, None)
+                if self.draft is not None:
+                    self.draft.forget(state.request_id)
             if state.streaming or state.status == RequestStatus.FINISHED:
                 pending.append(state.to_generation_output())
         if pending:
@@ -377,18 +409,37 @@ class Speculator:
         gate.drafted = gate.accepted = 0
 
 
-def install(manager: Any, sampler: RequestSampler, settings: Speculation | None) -> Speculator | None:
-    """Speculate in ``manager``'s batch processor (made, not started) as ``settings`` say; None when off."""
+def _room(cache: Any, state: Any, k: int) -> int:
+    """The most drafts (up to ``k``) the cache has room for after the request's next token."""
+    while k > 0 and not cache.can_store_request_tokens(state, 1 + k):
+        k -= 1
+    return k
+
+
+def install(built: Built, config: ServingConfig) -> Speculator | None:
+    """Speculate in ``built``'s batch processor (made, not started) as ``config.speculation`` says
+    (loading its draft model, for ``method: draft_model``); None when off."""
+    settings = config.speculation
     if settings is None:
         return None
-    speculator = Speculator(manager.batch_processor, sampler, settings)
+    draft = None
+    if settings.method == "draft_model":
+        from lmforge.engines.lmi_dist.draft import DraftModel
+
+        folder = settings.model
+        assert folder is not None
+
+        def draft(slots: int) -> DraftModel:
+            return DraftModel(config, folder, built.model, built.tokenizer, slots)
+
+    speculator = Speculator(built.manager.batch_processor, built.sampler, settings, draft)
     log.info(
-        "lmi-dist: speculative decoding on: %s, up to %d tokens a step, prompt lookup %d-%d, off above "
-        "%d decoding requests",
+        "lmi-dist: speculative decoding on: %s, up to %d tokens a step, %s, off above %d decoding requests",
         settings.method,
         speculator.k,
-        settings.prompt_lookup_min,
-        settings.prompt_lookup_max,
+        f"draft model {settings.model}"
+        if settings.method == "draft_model"
+        else f"prompt lookup {settings.prompt_lookup_min}-{settings.prompt_lookup_max}",
         speculator.max_batch,
     )
     return speculator
