@@ -69,6 +69,8 @@ def test_fake_accepts_only_recorded_names(api: Any) -> None:
         "tensorrt_llm.llmapi.AsyncLLM": api.AsyncLLM.__init__,
         "tensorrt_llm.llmapi.CompletionOutput": fake_llm.CompletionOutput,
         "tensorrt_llm.executor.result.Logprob": fake_llm.Logprob,
+        "tensorrt_llm.llmapi.NGramDecodingConfig": api.NGramDecodingConfig,
+        "tensorrt_llm.llmapi.DraftTargetDecodingConfig": api.DraftTargetDecodingConfig,
     }
     for key, obj in checks.items():
         extra = _names(obj) - set(RECORDED[key])
@@ -95,6 +97,8 @@ def test_lmforge_passes_recorded_names_only(api: Any, tmp_path: Path) -> None:
         ({}, {}),
         ({"enable_lora": True, "max_model_len": 256, "max_input_len": 128}, {"cuda_graph": "false"}),
         ({"quantize": "fp8"}, {"torch_compile": "true", "trtllm_async_llm": "true", "kv_cache_dtype": "fp8"}),
+        ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}'}, {}),
+        ({"speculative_draft_model": str(tmp_path), "speculative_length": 4}, {}),
     ]
     for fields, extra in variants:
         config = ServingConfig(model_dir=tmp_path, **fields)
@@ -151,15 +155,59 @@ def test_fake_modelopt_accepts_only_recorded_names(monkeypatch: pytest.MonkeyPat
         _drop()
 
 
-def test_speculation_is_refused_at_start_naming_the_option(api: Any, tmp_path: Path) -> None:
+def test_speculative_config_becomes_tensorrt_llms_own(api: Any, tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM's words in, TensorRT-LLM's classes out: n-gram prompt lookup is NGramDecodingConfig (k ->
+    max_draft_len, prompt_lookup_max -> max_matching_ngram_size, the latest match as LMI-Dist's),
+    draft_model is DraftTargetDecodingConfig (the folder, a relative one taken in the model folder),
+    disable_by_batch_size is max_concurrency; the engine starts and its LLM gets it as speculative_config."""
     import asyncio
+    import shutil
 
     from lmforge.config import ServingConfig
     from lmforge.engines.trtllm.pytorch_backend import TrtllmPytorchEngine
+
+    folder = Path(shutil.copytree(tiny_model, tmp_path / "m"))
+    (folder / "draft").mkdir()
+    ngram = (
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "disable_by_batch_size": 6}'
+    )
+    legacy = {"speculative_draft_model": "draft", "speculative_length": 2}
+    made = []
+    for fields in ({"speculative_config": ngram}, legacy):
+        engine = TrtllmPytorchEngine(ServingConfig(model_dir=folder, max_model_len=256, **fields), api=api)
+        asyncio.run(engine.start())
+        try:
+            made.append(engine._llm.args["speculative_config"])
+        finally:
+            asyncio.run(engine.shutdown())
+    ngram_made, draft_made = made
+    assert isinstance(ngram_made, api.NGramDecodingConfig)
+    assert (ngram_made.max_draft_len, ngram_made.max_matching_ngram_size, ngram_made.max_concurrency) == (
+        3,
+        5,
+        6,
+    )
+    assert ngram_made.is_use_oldest is False
+    assert isinstance(draft_made, api.DraftTargetDecodingConfig)
+    assert (draft_made.max_draft_len, draft_made.max_concurrency) == (2, None)
+    assert draft_made.speculative_model == str(folder / "draft")
+
+
+def test_a_release_without_the_class_is_refused_naming_the_option(api: Any, tmp_path: Path) -> None:
+    import dataclasses as dc
+
+    from lmforge.config import ServingConfig
+    from lmforge.engines.trtllm.pytorch_backend import llm_kwargs
+    from lmforge.engines.trtllm.quantplan import make_quant_plan
     from lmforge.errors import LmforgeError
 
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "vocab_size": 100}))
+    older = dc.replace(api, NGramDecodingConfig=None)
     config = ServingConfig(
         model_dir=tmp_path, speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'
     )
-    with pytest.raises(LmforgeError, match=r"option\.speculative_config \(ngram\).*LMI-Dist"):
-        asyncio.run(TrtllmPytorchEngine(config, api=api).start())
+    plan = make_quant_plan(config, {}, arch="sm90", trtllm_version=older.version)
+    with pytest.raises(
+        LmforgeError, match=r"option\.speculative_config \(ngram\).*NGramDecodingConfig.*LMI-Dist"
+    ):
+        llm_kwargs(older, plan, tmp_path, config)

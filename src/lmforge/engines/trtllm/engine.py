@@ -351,11 +351,12 @@ def _engine_linear_layers(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def refuse_speculation(config: ServingConfig) -> None:
-    """lmforge does not hand speculative decoding to TensorRT-LLM yet: a start that asks for it stops
-    here, naming the option, rather than serve without it."""
+    """lmforge hands speculative decoding to TensorRT-LLM >= 1.3 only (:mod:`.pytorch_backend`), not to
+    the 1.2 engine API: a 1.2 start that asks for it stops here, naming the option, rather than serve
+    without it."""
     if config.speculation is not None:
         raise LmforgeError(
-            f"option.speculative_config ({config.speculation.method}): lmforge does not pass speculative "
-            "decoding to TensorRT-LLM yet; LMI-Dist (option.rolling_batch=lmi-dist) and vLLM on a GPU "
-            "serve it"
+            f"option.speculative_config ({config.speculation.method}): lmforge passes speculative "
+            "decoding to TensorRT-LLM >= 1.3 only, not to this 1.2 engine API; LMI-Dist "
+            "(option.rolling_batch=lmi-dist), vLLM on a GPU and TensorRT-LLM >= 1.3 serve it"
         )

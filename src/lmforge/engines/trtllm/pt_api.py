@@ -15,6 +15,11 @@ Checked against the names recorded from the 1.3/1.4 sources in ``tests/fakes/trt
   homes) and a per-request ``LoRARequest(name, id, path)``; ``enable_lora`` is ignored on this backend;
 - ``AsyncLLM`` (``tensorrt_llm.llmapi``) subclasses ``LLM``, forces the Ray orchestrator and must be
   awaited (``setup_async()``) before use;
+- speculative decoding is ``speculative_config=`` one of the ``DecodingBaseConfig`` subclasses
+  (``tensorrt_llm.llmapi``): ``NGramDecodingConfig(max_draft_len, max_matching_ngram_size, is_keep_all,
+  is_use_oldest, is_public_pool)`` (prompt lookup, no model) and ``DraftTargetDecodingConfig(max_draft_len,
+  speculative_model)`` (a draft model folder; ``speculative_model_dir`` is its older alias); every one
+  takes ``max_concurrency``, the batch size above which speculation is off (PyTorch backend only);
 - ``generate_async(inputs, sampling_params, lora_request=..., streaming=True)`` returns one result,
   updated in place per step, with ``abort()``; ``finish_reason`` is stop / length / timeout / cancelled;
   log-probs come from the sampler (``SamplingParams.logprobs``), no ``gather_generation_logits`` needed.
@@ -40,6 +45,10 @@ class TrtllmPtApi:
     LoraConfig: Any
     LoRARequest: Any
     version: str
+    NGramDecodingConfig: Any = None
+    """Prompt-lookup speculation (``tensorrt_llm.llmapi``); None where the release has none."""
+    DraftTargetDecodingConfig: Any = None
+    """Draft-model speculation (``tensorrt_llm.llmapi``); None where the release has none."""
 
 
 def load_pt_api() -> TrtllmPtApi:
@@ -68,6 +77,8 @@ def load_pt_api() -> TrtllmPtApi:
         LoraConfig=LoraConfig,
         LoRARequest=LoRARequest,
         version=str(getattr(tensorrt_llm, "__version__", "unknown")),
+        NGramDecodingConfig=getattr(llmapi, "NGramDecodingConfig", None),
+        DraftTargetDecodingConfig=getattr(llmapi, "DraftTargetDecodingConfig", None),
     )
 
 

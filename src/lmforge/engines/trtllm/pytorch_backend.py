@@ -4,7 +4,9 @@ Start-up makes the plan (:func:`.quantplan.make_quant_plan`: bad options fail be
 the folder to load (:func:`.quantize.ensure_checkpoint`: a quantized checkpoint as it is, the model
 folder, or a ModelOpt quantization made now and cached, once per key across processes) and creates the
 LLM with ``KvCacheConfig``, ``CudaGraphConfig`` (or none), ``TorchCompileConfig`` (``option.torch_compile``)
-and, for ``option.enable_lora``, a ``LoraConfig``; nothing is compiled, the start-up cost is TensorRT-LLM
+and, for ``option.enable_lora``, a ``LoraConfig``, for ``option.speculative_config`` (or LMI's
+``option.speculative_draft_model``) TensorRT-LLM's own speculative config (:func:`speculative_config`);
+nothing is compiled, the start-up cost is TensorRT-LLM
 capturing CUDA graphs. ``option.trtllm_async_llm=true`` makes an ``AsyncLLM`` instead (Ray orchestrator)
 and awaits its ``setup_async()``.
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.engines.protocol import RequestField
-from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported, refuse_speculation
+from lmforge.engines.trtllm.engine import TrtllmEngine, not_supported
 from lmforge.errors import NotReadyError
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ def llm_kwargs(api: TrtllmPtApi, plan: QuantPlan, checkpoint: Path, config: Serv
         kwargs["max_input_len"] = runtime["max_input_len"]
     if runtime["torch_compile"]:
         kwargs["torch_compile_config"] = api.TorchCompileConfig()
+    if config.speculation is not None:
+        kwargs["speculative_config"] = speculative_config(api, config)
     if config.enable_lora:
         kwargs["lora_config"] = api.LoraConfig(
             lora_dir=adapter_dirs(config),
@@ -83,6 +87,38 @@ def llm_kwargs(api: TrtllmPtApi, plan: QuantPlan, checkpoint: Path, config: Serv
             max_cpu_loras=config.max_cpu_loras or config.max_loras,
         )
     return kwargs
+
+
+def speculative_config(api: TrtllmPtApi, config: ServingConfig) -> Any:
+    """``option.speculative_config`` (vLLM's words, :mod:`lmforge.config.speculative`) as TensorRT-LLM's
+    own: ``ngram`` is ``NGramDecodingConfig`` (``num_speculative_tokens`` -> ``max_draft_len``,
+    ``prompt_lookup_max`` -> ``max_matching_ngram_size``; TensorRT-LLM tries every n-gram size up to it,
+    so ``prompt_lookup_min`` has no counterpart and is left to it), ``draft_model`` is
+    ``DraftTargetDecodingConfig`` (``model`` -> ``speculative_model``, a relative folder taken relative
+    to the model folder); ``disable_by_batch_size`` is ``max_concurrency`` for both. A release without
+    the class is refused here, naming the option."""
+    from lmforge.config.speculative import draft_folder
+    from lmforge.errors import LmforgeError
+
+    spec = config.speculation
+    assert spec is not None
+    common: dict[str, Any] = {"max_draft_len": spec.num_speculative_tokens}
+    if spec.disable_by_batch_size is not None:
+        common["max_concurrency"] = spec.disable_by_batch_size
+    if spec.method == "ngram":
+        cls, name = api.NGramDecodingConfig, "NGramDecodingConfig"
+        # the latest match first (is_use_oldest=False), as LMI-Dist's and vLLM's prompt lookup do
+        fields = {"max_matching_ngram_size": spec.prompt_lookup_max, "is_use_oldest": False, **common}
+    else:
+        assert spec.model is not None
+        cls, name = api.DraftTargetDecodingConfig, "DraftTargetDecodingConfig"
+        fields = {"speculative_model": str(draft_folder(spec.model, config.model_dir)), **common}
+    if cls is None:
+        raise LmforgeError(
+            f"option.speculative_config ({spec.method}): TensorRT-LLM {api.version} has no {name}; "
+            "LMI-Dist (option.rolling_batch=lmi-dist) serves it"
+        )
+    return cls(**fields)
 
 
 def _max_model_len(plan: QuantPlan, config: ServingConfig) -> int:
@@ -110,7 +146,6 @@ class TrtllmPytorchEngine(TrtllmEngine):
         self.checkpoint: Path | None = None
 
     async def start(self) -> None:
-        refuse_speculation(self.config)
         from lmforge.engines.trtllm.plan import gpu_arch
         from lmforge.engines.trtllm.pt_api import load_pt_api
         from lmforge.engines.trtllm.quantize import ensure_checkpoint

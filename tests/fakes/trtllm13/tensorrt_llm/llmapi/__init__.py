@@ -34,6 +34,36 @@ class TorchCompileConfig:
     max_num_streams: int = 3
 
 
+@dataclass(kw_only=True)
+class _DecodingBaseConfig:
+    max_draft_len: int | None = None
+    speculative_model: str | None = None
+    max_concurrency: int | None = None
+
+
+@dataclass(kw_only=True)
+class NGramDecodingConfig(_DecodingBaseConfig):
+    max_matching_ngram_size: int = 2
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+
+    def __post_init__(self) -> None:  # as the real validator
+        if self.max_draft_len is None or self.max_draft_len <= 0:
+            raise ValueError("max_draft_len must be > 0 for NGram")
+        if self.max_matching_ngram_size <= 0:
+            raise ValueError("max_matching_ngram_size must be a positive integer")
+
+
+@dataclass(kw_only=True)
+class DraftTargetDecodingConfig(_DecodingBaseConfig):
+    def __post_init__(self) -> None:  # as the real validator
+        if self.max_draft_len is None or self.max_draft_len <= 0:
+            raise ValueError("max_draft_len must be > 0 for DraftTarget")
+        if self.speculative_model is None:
+            raise ValueError("speculative_model must be specified for DraftTarget")
+
+
 from tensorrt_llm.llmapi.llm import LLM, AsyncLLM, CompletionOutput, RequestOutput  # noqa: E402
 
 __all__ = [
@@ -41,7 +71,9 @@ __all__ = [
     "AsyncLLM",
     "CompletionOutput",
     "CudaGraphConfig",
+    "DraftTargetDecodingConfig",
     "KvCacheConfig",
+    "NGramDecodingConfig",
     "RequestOutput",
     "SamplingParams",
     "TorchCompileConfig",

@@ -25,6 +25,7 @@ _ARGS = {
     "torch_compile_config": None,
     "enable_lora": False,
     "lora_config": None,
+    "speculative_config": None,
     "enable_chunked_prefill": False,
     "orchestrator_type": None,
     "backend": None,
