@@ -93,3 +93,26 @@ def test_config_show_prints_the_resolved_settings(tmp_path: Path) -> None:
         'speculative decoding (resolved): {"method": "draft_model", "num_speculative_tokens": 5, '
         '"prompt_lookup_min": 1, "prompt_lookup_max": 4, "model": "/models/draft"}'
     ) in text
+
+
+def test_config_show_describes_the_draft_model_folder(tmp_path: Path) -> None:
+    """A relative draft folder is taken inside the model folder; show reads its config.json (no
+    weights) and says when the folder is not a model folder."""
+    import json
+
+    from lmforge.config.show import render_config
+
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 3, "vocab_size": 2048})
+    )
+    (tmp_path / "serving.properties").write_text(
+        'option.speculative_config={"model": "draft", "num_speculative_tokens": 3}\n',
+        encoding="utf-8",
+    )
+    text = render_config(load_config(tmp_path, env={}))
+    assert f"draft model: {tmp_path / 'draft'} (LlamaForCausalLM, 3 layers, vocabulary 2048)" in text
+    (tmp_path / "serving.properties").write_text("option.speculative_draft_model=nowhere\n", encoding="utf-8")
+    text = render_config(load_config(tmp_path, env={}))
+    assert f"draft model: {tmp_path / 'nowhere'} (not a model folder" in text
+    assert "(not a model folder: no config.json; the engine refuses it at start)" in text

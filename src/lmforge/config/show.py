@@ -10,6 +10,7 @@ from lmforge.config import sources
 from lmforge.config.describe import properties_keys, type_label
 from lmforge.config.schema import ServingConfig
 from lmforge.config.sources import ALIAS_ENV, SAGEMAKER_ENV, ResolvedConfig
+from lmforge.config.speculative import describe_draft, draft_folder
 
 #: The precedence rules, written once in the docstring of :mod:`lmforge.config.sources`.
 PRECEDENCE = (sources.__doc__ or "").split("\n\n", 1)[1].strip()
@@ -47,6 +48,9 @@ def render_config(resolved: ResolvedConfig, *, include_warnings: bool = True) ->
             lines.append("  ".join("-" * w for w in widths))
     if config.speculation is not None:
         lines += ["", f"speculative decoding (resolved): {json.dumps(config.speculation.describe())}"]
+        if config.speculation.model is not None:
+            folder = draft_folder(config.speculation.model, config.model_dir)
+            lines.append(f"draft model: {describe_draft(folder)}")
     if include_warnings and resolved.warnings:
         lines.append("")
         lines.extend(f"warning: {warning}" for warning in resolved.warnings)
