@@ -181,3 +181,20 @@ TORCH_INT8 = Library(
     ),
     fix="Install the tested torch (torch==2.13.0), or serve the unquantized folder",
 )
+
+#: LMI-Dist's W4A16 (GPTQ) int4 weight-only layers (:mod:`lmforge.engines.lmi_dist.cpu_linear`, the
+#: kernel chosen by bench/quant_kernels_int4.py): PyTorch's CPU int4 packing and matmul, private aten
+#: ops. ``quantize_int4`` checks it.
+TORCH_INT4 = Library(
+    name="torch",
+    tested="2.13.x",
+    user="LMI-Dist's W4A16 int4 layers",
+    reaches=(
+        Reach(
+            "torch:ops.aten",
+            ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu"),
+            "int4 weight packing and the int4 x float matmul on CPU",
+        ),
+    ),
+    fix="Install the tested torch (torch==2.13.0), or serve the unquantized folder",
+)

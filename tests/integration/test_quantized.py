@@ -146,3 +146,89 @@ def test_a_checkpoint_with_a_float_lm_head_serves_it_in_float(tmp_path: Path, ti
         logs = server.logs()
         assert "8 linear layers on int8 weights (W8A8" in logs  # 2 layers x (qkv, o, gate/up, down)
         assert len(_greedy(server.url)[0]) == 16
+
+
+# --- GPTQ (W4A16 int4, calibrated) and the start check of the manifest -----------------------------
+
+
+@pytest.fixture(scope="module")
+def gptq_compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """`lmforge compile --quantize gptq` on the tiny model (calibrated on lmforge's own prompt set)."""
+    from click.testing import CliRunner
+
+    from lmforge.cli import main
+
+    out = tmp_path_factory.mktemp("gptq") / "tiny-gptq"
+    result = CliRunner().invoke(main, ["compile", str(tiny_model), "--quantize", "gptq", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def gptq_server(gptq_compiled: Path) -> Iterator[RemoteServer]:
+    with RemoteServer(gptq_compiled) as server:
+        yield server
+
+
+def test_compiled_gptq_is_served_on_int4_layers_and_same_alone_or_in_a_crowd(
+    gptq_server: RemoteServer,
+) -> None:
+    logs = gptq_server.logs()
+    assert "linear layers on int4 weights (W4A16" in logs
+    assert "lmi-dist: quantized checkpoint: hit (gptq" in logs
+    same_alone_and_in_a_crowd(gptq_server.url, standard_probes(PROMPTS))
+
+
+def test_changed_weights_are_a_logged_miss_and_required_refuses_the_start(
+    tmp_path: Path, compiled: Path
+) -> None:
+    folder = tmp_path / "tampered"
+    shutil.copytree(compiled, folder)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with RemoteServer(folder) as server:  # auto: served, the miss logged
+        assert "quantized checkpoint: miss (model.safetensors: weights digest mismatch" in server.logs()
+    with (folder / "serving.properties").open("a") as f:
+        f.write("option.compile_cache=required\n")
+    with pytest.raises((RuntimeError, TimeoutError)) as failed:
+        RemoteServer(folder, startup_timeout=120).start()
+    assert "option.compile_cache=required refuses to start lmi-dist" in str(failed.value)
+    assert "weights digest mismatch" in str(failed.value)
+
+
+@pytest.fixture(scope="module")
+def gptq_lora_server(
+    tmp_path_factory: pytest.TempPathFactory, gptq_compiled: Path, lora_adapters: dict[str, Path]
+) -> Iterator[RemoteServer]:
+    """The GPTQ checkpoint with two float32 adapters over its int4 layers."""
+    folder = tmp_path_factory.mktemp("gptq-lora") / "model"
+    shutil.copytree(gptq_compiled, folder)
+    for name in ("a1", "a2"):
+        shutil.copytree(lora_adapters[name], folder / "adapters" / name)
+    (folder / "serving.properties").write_text(
+        "option.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\noption.max_lora_rank=16\n"
+    )
+    with RemoteServer(folder) as server:
+        yield server
+
+
+def test_lora_adapters_apply_over_a_gptq_base(gptq_lora_server: RemoteServer) -> None:
+    assert "linear layers on int4 weights (W4A16" in gptq_lora_server.logs()
+    probes = _lora_probes()
+    alone, _ = asyncio.run(_alone_then_crowds(gptq_lora_server.url, probes, 0, 0))
+    answers = dict(zip((p.name for p in probes), alone, strict=True))
+    base = [p.name for p in probes if not p.name.startswith("a")]
+    assert any(answers[f"a1-{k}"] != answers[k] for k in base), "adapter a1 changed nothing"
+    assert any(answers[f"a2-{k}"] != answers[f"a1-{k}"] for k in base), "a1 and a2 answered alike"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect (as for the int8 base): LMI-Dist's adapter products differ with the batch at "
+    "float32 rounding, and the int4 layers' bfloat16 activations turn that into one bfloat16 step (log-probs "
+    "off by ~0.03 on the tiny model); the base alone is exact. Needs a batch-invariant adapter product.",
+)
+def test_lora_adapters_on_a_gptq_base_same_alone_or_in_a_crowd(gptq_lora_server: RemoteServer) -> None:
+    same_alone_and_in_a_crowd(gptq_lora_server.url, _lora_probes(), rounds=1)

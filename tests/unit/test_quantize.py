@@ -130,7 +130,9 @@ def test_start_refuses_what_lmi_dist_cannot_serve(tmp_path: Path, tiny_model: Pa
     assert quantization(_cfg(plain, "option.rolling_batch=lmi-dist\n"), plain, 1, False) == (None, False)
     jit = _cfg(plain, "option.rolling_batch=lmi-dist\noption.quantize=w8a8\n")
     assert quantization(jit, plain, 1, False) == ("w8a8", False)
-    with pytest.raises(LmforgeError, match=r"option.quantize=gptq: unknown"):
+    with pytest.raises(LmforgeError, match=r"option.quantize=awq: unknown"):
+        quantization(_cfg(plain, "option.quantize=awq\n"), plain, 1, False)
+    with pytest.raises(LmforgeError, match=r"option.quantize=gptq: gptq is calibrated .*\(lmforge compile"):
         quantization(_cfg(plain, "option.quantize=gptq\n"), plain, 1, False)
     with pytest.raises(LmforgeError, match=r"option.quantize=fp8: .*CPU-only"):
         quantization(_cfg(plain, "option.quantize=fp8\n"), plain, 1, False)
@@ -199,3 +201,242 @@ def test_the_int8_kernels_reach_in_table_resolves() -> None:
     from lmforge.reachins import TORCH_INT8, missing
 
     assert missing(TORCH_INT8.reaches) == []
+
+
+# --- the start check of the quantize manifest (lmforge.quantize.start_check) -----------------------
+
+
+def _copy(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def test_the_manifest_lists_the_quantized_weight_files_with_their_digests(quantized: Path) -> None:
+    from lmforge.quantize.start_check import sha256_file
+
+    files = _manifest(quantized)["files"]
+    assert [f["path"] for f in files] == ["model.safetensors"]
+    assert files[0]["sha256"] == sha256_file(quantized / "model.safetensors")
+    assert files[0]["size"] == (quantized / "model.safetensors").stat().st_size
+
+
+def test_a_fresh_checkpoint_is_a_logged_hit(tmp_path: Path, quantized: Path, caplog) -> None:
+    from lmforge.quantize.start_check import check_at_start
+
+    folder = _copy(quantized, tmp_path / "q")
+    cfg = _cfg(folder, "option.rolling_batch=lmi-dist\noption.compile_cache=required\n")
+    with caplog.at_level("INFO", logger="lmforge.quantize"):
+        decision = check_at_start(cfg, folder, "lmi-dist")
+    assert decision.status == "hit" and decision.method == "w8a8"
+    assert "lmi-dist: quantized checkpoint: hit (w8a8" in caplog.text
+
+
+def test_changed_weights_are_a_logged_miss_that_required_refuses(
+    tmp_path: Path, quantized: Path, caplog
+) -> None:
+    from lmforge.quantize.start_check import QuantizeStartError, check_at_start
+
+    folder = _copy(quantized, tmp_path / "q")
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the same size, other bytes
+    weights.write_bytes(bytes(data))
+    with caplog.at_level("INFO", logger="lmforge.quantize"):
+        decision = check_at_start(_cfg(folder, "option.rolling_batch=lmi-dist\n"), folder, "lmi-dist")
+    assert decision.status == "miss"
+    assert "quantized checkpoint: miss (model.safetensors: weights digest mismatch" in caplog.text
+    assert any(r.levelname == "WARNING" for r in caplog.records)
+    required = _cfg(folder, "option.rolling_batch=lmi-dist\noption.compile_cache=required\n")
+    with pytest.raises(QuantizeStartError, match=r"option.compile_cache=required refuses .* weights digest"):
+        check_at_start(required, folder, "lmi-dist")
+    # off: not checked at all
+    off = _cfg(folder, "option.rolling_batch=lmi-dist\noption.compile_cache=off\n")
+    assert check_at_start(off, folder, "lmi-dist").status == "none"
+
+
+def test_missing_added_and_truncated_weight_files_are_misses(tmp_path: Path, quantized: Path) -> None:
+    from lmforge.quantize.start_check import decide
+
+    folder = _copy(quantized, tmp_path / "q")
+    (folder / "extra.safetensors").write_bytes(b"x")
+    assert "extra.safetensors is not in the manifest" in decide(folder, None).line()
+    (folder / "extra.safetensors").unlink()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    assert "model.safetensors has " in decide(folder, None).line()
+    weights.unlink()
+    assert "model.safetensors is missing" in decide(folder, None).line()
+
+
+def test_other_library_versions_are_a_miss_naming_them(tmp_path: Path, quantized: Path) -> None:
+    from lmforge.quantize.start_check import decide
+
+    folder = _copy(quantized, tmp_path / "q")
+    manifest = _manifest(folder)
+    manifest["libraries"]["compressed-tensors"] = "0.1.0"
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    decision = decide(folder, None)
+    assert decision.status == "miss"
+    assert any(r.startswith("compressed-tensors 0.1.0 at compile, ") for r in decision.reasons)
+    del manifest["files"]
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    assert "lists no quantized weight files" in decide(folder, None).line()
+    (folder / MANIFEST).write_text("{not json")
+    assert "is unreadable" in decide(folder, None).line()
+
+
+def test_an_option_quantize_the_manifest_disagrees_with_is_refused_naming_both(
+    tmp_path: Path, quantized: Path
+) -> None:
+    from lmforge.quantize.start_check import QuantizeStartError, check_at_start, decide
+
+    folder = _copy(quantized, tmp_path / "q")
+    assert decide(folder, "W8A8").status == "hit"
+    with pytest.raises(
+        QuantizeStartError, match=r"option.quantize=gptq but .* w8a8 checkpoint .*method=w8a8"
+    ):
+        check_at_start(_cfg(folder, "option.quantize=gptq\n"), folder, "lmi-dist")
+
+
+def test_a_manifest_that_disagrees_with_config_json_is_a_miss(tmp_path: Path, quantized: Path) -> None:
+    from lmforge.quantize.start_check import decide
+
+    folder = _copy(quantized, tmp_path / "q")
+    manifest = _manifest(folder)
+    manifest["method"] = "gptq"
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    assert "config.json's quantization_config is w8a8, the manifest says gptq" in decide(folder, None).line()
+
+
+def test_required_refuses_quantization_at_load_and_checkpoints_without_a_manifest(
+    tmp_path: Path, tiny_model: Path, quantized: Path
+) -> None:
+    from lmforge.quantize.start_check import QuantizeStartError, check_at_start
+
+    plain = _copy(tiny_model, tmp_path / "plain")
+    assert check_at_start(_cfg(plain, "option.compile_cache=required\n"), plain, "lmi-dist").status == "none"
+    jit = _cfg(plain, "option.quantize=w8a8\noption.compile_cache=required\n")
+    with pytest.raises(QuantizeStartError, match="quantized at load"):
+        check_at_start(jit, plain, "lmi-dist")
+    assert check_at_start(_cfg(plain, "option.quantize=w8a8\n"), plain, "lmi-dist").status == "none"
+    elsewhere = _copy(quantized, tmp_path / "elsewhere")
+    shutil.rmtree(elsewhere / "lmforge-compiled")
+    assert "made elsewhere" in check_at_start(_cfg(elsewhere, ""), elsewhere, "vllm").line()
+    with pytest.raises(QuantizeStartError, match="made elsewhere"):
+        check_at_start(_cfg(elsewhere, "option.compile_cache=required\n"), elsewhere, "vllm")
+
+
+# --- GPTQ (W4A16) -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gptq_quantized(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    from lmforge.quantize.w8a8 import quantize_folder
+
+    out = tmp_path_factory.mktemp("gptq") / "tiny-gptq"
+    quantize_folder(tiny_model, out, method_name="gptq")
+    return out
+
+
+def test_gptq_lowers_the_output_error_of_rounding_to_nearest() -> None:
+    """On inputs with correlated channels (what real activations have), GPTQ's column updates give a
+    smaller output error than rounding each weight to nearest, with the same int4 grid."""
+    import torch
+
+    from lmforge.quantize.gptq import gptq_int4, rtn_int4
+
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * 0.02
+    x = torch.randn(2048, 16) @ torch.randn(16, 128) + 0.1 * torch.randn(2048, 128)
+    h = 2 * x.t() @ x / x.shape[0]
+
+    def output_error(q: torch.Tensor, scale: torch.Tensor) -> float:
+        deq = (q.float().view(64, -1, 64) * scale[..., None]).view(64, 128)
+        return float(((x @ deq.t() - x @ w.t()) ** 2).mean())
+
+    q_g, s_g = gptq_int4(w, h, 64)
+    q_r, s_r = rtn_int4(w, 64)
+    assert q_g.dtype == torch.int8 and int(q_g.min()) >= -8 and int(q_g.max()) <= 7
+    assert s_g.shape == (64, 2)
+    assert output_error(q_g, s_g) < 0.7 * output_error(q_r, s_r)
+
+
+def test_the_group_size_divides_every_input_width_or_the_model_is_refused() -> None:
+    from lmforge.quantize.gptq import group_size_for
+
+    assert group_size_for([4096, 11008]) == 128
+    assert group_size_for([576, 1536]) == 64  # SmolLM2-135M
+    with pytest.raises(QuantizeError, match=r"--quantize gptq: no group size .*\(100, 128\)"):
+        group_size_for([100, 128])
+
+
+def test_gptq_checkpoint_is_compressed_tensors_pack_quantized_with_its_calibration(
+    gptq_quantized: Path,
+) -> None:
+    from safetensors import safe_open
+
+    from lmforge.engines.trtllm.calibration import fingerprint
+    from lmforge.quantize.start_check import decide
+
+    qc = quantization_config(gptq_quantized)
+    assert qc is not None and checkpoint_scheme(qc) == "gptq" and qc["format"] == "pack-quantized"
+    assert qc["config_groups"]["group_0"]["weights"]["group_size"] == 128  # the tiny model's widths
+    manifest = json.loads((gptq_quantized / MANIFEST).read_text())
+    assert manifest["method"] == "gptq" and manifest["scheme"] == "W4A16"
+    assert manifest["calibration"]["sha256"] == fingerprint("")[2]
+    assert manifest["calibration"]["prompts"] == fingerprint("")[1]
+    assert manifest["lm_head"] == "int4"
+    with safe_open(str(gptq_quantized / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert {
+        "lm_head.weight_packed",
+        "lm_head.weight_scale",
+        "model.layers.0.mlp.down_proj.weight_packed",
+    } <= keys
+    assert decide(gptq_quantized, "gptq").status == "hit"
+
+
+def test_int4_layer_matches_its_dequantized_weight_alone_or_in_a_batch() -> None:
+    import torch
+
+    from lmforge.engines.lmi_dist.cpu_linear import Int4Weight
+    from lmforge.quantize.gptq import rtn_int4
+
+    torch.manual_seed(0)
+    w = torch.randn(96, 128) * 0.02
+    q, scale = rtn_int4(w, 64)
+    deq = (q.float().view(96, 2, 64) * scale[..., None]).view(96, 128)
+    x = torch.randn(1, 9, 128) * 3
+    ref = torch.nn.functional.linear(x, deq)
+    exact = Int4Weight(q, scale, 64, dtype=torch.float32)(x)  # the kernel's float32 path: the same product
+    assert ((exact - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    layer = Int4Weight(q, scale, 64)  # served: bfloat16 activations (the fast path on this CPU)
+    y = layer(x)
+    assert y.dtype == torch.float32 and ((y - ref).abs().max() / ref.abs().max()).item() < 1e-2
+    for i in range(9):
+        assert torch.equal(layer(x[:, i : i + 1])[0, 0], y[0, i]), f"row {i} alone differs"
+
+
+def test_lmi_dist_loads_the_gptq_checkpoint_on_int4_layers_close_to_its_dequantized_weights(
+    gptq_quantized: Path,
+) -> None:
+    import torch
+
+    from lmforge.engines.lmi_dist.cpu_linear import W_SCALE, quantize_int4
+    from lmforge.engines.lmi_dist.loading import _load_w4a16
+
+    model = _load_w4a16(gptq_quantized, {})
+    down = model.model.layers[0].mlp.down_proj
+    values, scale = down.weight.detach().clone(), getattr(down, W_SCALE)
+    assert values.abs().max() <= 8 and torch.equal(values, values.round())
+    x = torch.randn(3, down.in_features)
+    group = down.in_features // scale.shape[1]
+    deq = (values.view(down.out_features, -1, group) * scale[..., None]).view_as(values)
+    count, _ = quantize_int4(model)
+    assert count == 2 * 7 + 1  # 2 layers x (q, k, v, o, gate, up, down) + the LM head
+    ref = x @ deq.t()
+    assert ((down(x) - ref).abs().max() / ref.abs().max()).item() < 1e-2

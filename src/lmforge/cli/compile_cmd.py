@@ -13,8 +13,10 @@ The backend decides what that is (one function per backend in :data:`_BACKENDS`)
 
 * **Quantization** (``--quantize METHOD``, or ``option.quantize`` in an LMI-Dist folder's
   serving.properties; not TensorRT-LLM, whose ModelOpt path reads option.quantize itself): a quantized
-  checkpoint in compressed-tensors' format at ``--output`` (:mod:`lmforge.quantize.w8a8`), with its
-  manifest in ``lmforge-compiled/quantize/``; LMI-Dist and vLLM load it.
+  checkpoint in compressed-tensors' format at ``--output`` (:mod:`lmforge.quantize.w8a8`; GPTQ's
+  search in :mod:`lmforge.quantize.gptq`), with its manifest in ``lmforge-compiled/quantize/``, which
+  every ``lmforge serve`` checks at start (:mod:`lmforge.quantize.start_check`); LMI-Dist and vLLM
+  load it.
 
 ``--dry-run`` prints the plan."""
 
@@ -80,7 +82,8 @@ class CompileRequest:
     "quantize",
     metavar="METHOD",
     help="LMI-Dist / vLLM: write a quantized checkpoint (compressed-tensors) to --output: w8a8 (int8 "
-    "weights per channel, int8 activations per token; CPU and GPU). Default: option.quantize of an "
+    "weights per channel, int8 activations per token) or gptq (int4 weights in groups, calibrated on "
+    "lmforge's offline prompt set; float activations); CPU and GPU. Default: option.quantize of an "
     "LMI-Dist folder.",
 )
 def compile_command(
@@ -176,9 +179,18 @@ def _compile_quantized(request: CompileRequest) -> None:
     )
     assert request.output is not None
     if request.dry_run:
+        from lmforge.quantize.w8a8 import FORMATS
+
+        calibration = None
+        if chosen.needs_calibration:
+            from lmforge.engines.trtllm.calibration import fingerprint
+
+            label, count, digest = fingerprint("")
+            calibration = f"{label}: {count} prompts, sha256 {digest}"
         plan = {"method": chosen.name, "scheme": chosen.scheme, "what": chosen.description,
                 "source": str(config.model_path or model_dir), "output": request.output,
-                "calibration": None, "format": "compressed-tensors int-quantized"}  # fmt: skip
+                "calibration": calibration,
+                "format": f"compressed-tensors {FORMATS[chosen.name]}"}  # fmt: skip
         click.echo(
             json.dumps(plan, indent=2) if request.as_json else "\n".join(f"{k}: {v}" for k, v in plan.items())
         )
@@ -188,9 +200,15 @@ def _compile_quantized(request: CompileRequest) -> None:
 
     # vLLM 0.32 reads compressed-tensors int8 for linear layers only: its LM head (ParallelLMHead) has
     # no weight_scale and refuses a quantized one, so a folder vLLM serves keeps the head in float
-    lm_head = _backend_of_quiet(config.rolling_batch) != "vllm"
-    if not lm_head:
+    lm_head = _backend_of_quiet(config.rolling_batch) != "vllm" and chosen.name != "gptq"
+    if chosen.name == "gptq":
+        # the int4 kernel's output is bfloat16 (bench/quant_kernels_int4.py): logits in bfloat16 would
+        # tie and reorder the top log-probs; the float head stays tied to the embedding (no extra bytes)
+        note("the LM head stays float32 for gptq: the int4 kernel's bfloat16 output is too coarse for logits")
+    elif not lm_head:
         note("the LM head stays float32: vLLM 0.32 loads no quantized LM head (LMI-Dist would serve one)")
+    if chosen.needs_calibration:
+        note(f"{chosen.name} is calibrated on lmforge's offline prompt set (nothing is downloaded)")
 
     def build(target: Path) -> None:
         try:
@@ -219,7 +237,7 @@ def _backend_of(model_dir: Path) -> str:
         note(
             f"error: option.rolling_batch={rolling_batch}: nothing to compile ahead of time (LMI-Dist runs "
             "the model eagerly and starts in seconds); lmforge compile is for vllm and trtllm, or "
-            "--quantize w8a8 -o OUT for a quantized checkpoint"
+            "--quantize w8a8|gptq -o OUT for a quantized checkpoint"
         )
         raise SystemExit(2)
     if rolling_batch == "auto":
@@ -311,14 +329,15 @@ def _log_to_stderr() -> None:
 
 
 def _copy_model(source: Path, target: Path) -> None:
-    """``source`` copied to ``target`` without an earlier compiled artifact (replaced below)."""
-    from lmforge.engines.vllm.compile_cache import COMPILED_DIR
+    """``source`` copied to ``target`` without an earlier compiled vLLM artifact (replaced below); a
+    quantized folder's manifest (``lmforge-compiled/quantize/``) goes with its weights."""
+    from lmforge.engines.vllm.compile_cache import BACKEND_DIR, COMPILED_DIR
 
     if target.exists():
         shutil.rmtree(target)
-    top = source.resolve()
+    compiled = (source / COMPILED_DIR).resolve()
     shutil.copytree(
-        source, target, ignore=lambda d, _names: {COMPILED_DIR} if Path(d).resolve() == top else set()
+        source, target, ignore=lambda d, _names: {BACKEND_DIR} if Path(d).resolve() == compiled else set()
     )
 
 

@@ -236,7 +236,8 @@ class ServingConfig(BaseModel):
     quantize: str | None = Field(
         default=None,
         description="quantization: w8a8 (int8, LMI-Dist and vLLM; quantized at load on an unquantized "
-        "folder, read by lmforge compile --quantize); other names pass to vLLM or TensorRT-LLM",
+        "folder) or gptq (int4 weights, calibrated: lmforge compile --quantize gptq makes the checkpoint), "
+        "both read by lmforge compile --quantize; other names pass to vLLM or TensorRT-LLM",
         json_schema_extra=_key("option.quantize"),
     )
     enable_lora: Bool = Field(
@@ -285,9 +286,11 @@ class ServingConfig(BaseModel):
     )
     compile_cache: CompileCacheMode = Field(
         default="auto",
-        description="the model folder's compiled artifact (lmforge compile, vLLM): auto = use it when it "
-        "matches this machine and configuration, else compile just in time; required = refuse to start "
-        "unless it matches; off = ignore it",
+        description="the model folder's compiled artifacts (lmforge compile: vLLM's graphs, and a "
+        "quantized checkpoint's manifest on either engine): auto = use them when they match this machine, "
+        "configuration and libraries, else compile (or serve the checkpoint) anyway, logging the miss; "
+        "required = refuse to start unless they match (and refuse quantization at load); off = ignore "
+        "them",
         json_schema_extra=_key("option.compile_cache"),
     )
     gpu_memory_utilization: Fraction = Field(

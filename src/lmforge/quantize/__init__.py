@@ -5,12 +5,13 @@ One table (:data:`METHODS`) names every method ``lmforge compile --quantize`` an
 names, :mod:`lmforge.engines.trtllm.quantplan`): what it does, whether it needs calibration, and where
 it runs. :func:`method` turns a name into a :class:`Method` or an error naming the option and the
 choices; :func:`checkpoint_scheme` reads a folder's ``quantization_config`` (compressed-tensors) and
-says which of the methods it is. The checkpoint writer is :mod:`.w8a8` (it imports PyTorch).
+says which of the methods it is. The checkpoint writer is :mod:`.w8a8` (it imports PyTorch; GPTQ's
+search is :mod:`.gptq`); what a start checks against the manifest is :mod:`.start_check`.
 
 A compiled folder records what made it in ``lmforge-compiled/quantize/manifest.json``
 (:data:`MANIFEST`): method, scheme, format, the source weights' digest, the calibration set's (none
-for W8A8: its weights are rounded to nearest and its activations quantized at run time) and the
-library versions.
+for W8A8: its weights are rounded to nearest and its activations quantized at run time; lmforge's
+offline prompt set for GPTQ), the quantized weight files with their digests and the library versions.
 """
 
 from __future__ import annotations
@@ -55,6 +56,15 @@ METHODS: dict[str, Method] = {
             built=True,
         ),
         Method(
+            "gptq",
+            "W4A16",
+            "int4 weights (groups of 128/64/32 input channels, symmetric, chosen by GPTQ on lmforge's "
+            "offline calibration set), float activations: ~0.16x the fp32 weight bytes",
+            cpu=True,
+            built=True,
+            needs_calibration=True,
+        ),
+        Method(
             "fp8",
             "FP8_DYNAMIC",
             "fp8 e4m3 weights (per channel) and activations (per token, dynamic)",
@@ -84,7 +94,7 @@ def method(name: str, *, option: str = "option.quantize", cpu_only: bool = False
         raise QuantizeError(
             f"{option}={name}: {found.description} needs a GPU with fp8 matrix units (CUDA compute "
             "capability 8.9+); this target is CPU-only, whose matrix kernels take no fp8 inputs. On a "
-            "CPU use w8a8"
+            "CPU use w8a8 or gptq"
         )
     if not found.built:
         raise QuantizeError(
@@ -116,13 +126,26 @@ def checkpoint_scheme(qc: dict[str, Any]) -> str:
         )
     fmt = qc.get("format")
     groups = qc.get("config_groups") or {}
-    if fmt != "int-quantized" or len(groups) != 1:
+    if fmt not in ("int-quantized", "pack-quantized") or len(groups) != 1:
         raise QuantizeError(
-            f"quantization_config: format {fmt!r} with {len(groups)} config group(s); LMI-Dist serves "
-            "one int-quantized group (W8A8)"
+            f"quantization_config: format {fmt!r} with {len(groups)} config group(s); lmforge serves "
+            "one int-quantized group (W8A8) or one pack-quantized group (W4A16, GPTQ)"
         )
     group = next(iter(groups.values()))
     weights, acts = group.get("weights") or {}, group.get("input_activations") or {}
+    if fmt == "pack-quantized":
+        want_w = {"num_bits": 4, "type": "int", "strategy": "group", "symmetric": True}
+        wrong = {k: weights.get(k) for k, v in want_w.items() if weights.get(k) != v}
+        if acts:
+            wrong["input_activations"] = acts
+        if weights.get("group_size") not in (32, 64, 128, 256):
+            wrong["group_size"] = weights.get("group_size")
+        if wrong:
+            raise QuantizeError(
+                f"quantization_config weights: {wrong} where lmforge's int4 kernels need {want_w}, "
+                "group_size 32/64/128/256 and no input_activations"
+            )
+        return "gptq"
     want_w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
     want_a = {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True}
     for label, got, want in (("weights", weights, want_w), ("input_activations", acts, want_a)):

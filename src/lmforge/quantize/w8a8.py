@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmforge.quantize import MANIFEST, QuantizeError, method
+from lmforge.quantize.start_check import library_versions, weight_files
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +41,20 @@ if TYPE_CHECKING:
 #: what a compiled folder never carries over from its source (written anew or not needed)
 _SKIP_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _SKIP_NAMES = {"config.json", "generation_config.json", "model.safetensors.index.json", "lmforge-compiled"}
+#: method -> compressed-tensors' checkpoint format
+FORMATS = {"w8a8": "int-quantized", "gptq": "pack-quantized"}
+#: method -> the manifest's description of its weights and activations (given the group size)
+DESCRIPTIONS: dict[str, Callable[[int | None], dict[str, str]]] = {
+    "w8a8": lambda _g: {
+        "weights": "int8 per output channel, symmetric, round to nearest (scale = max|w| / 127.5)",
+        "activations": "int8 per token, symmetric, dynamic (quantized at run time)",
+    },
+    "gptq": lambda g: {
+        "weights": f"int4 in groups of {g} input channels, symmetric (scale = max|w| / 7.5), values chosen "
+        "by GPTQ on the calibration set (damping 0.01, Hessians from one full-precision pass)",
+        "activations": "float (weight-only)",
+    },
+}
 
 
 def rtn_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,18 +78,6 @@ def weights_digest(model_dir: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("lmforge", "torch", "transformers", "compressed-tensors", "safetensors"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
 def quantize_folder(
     source: Path,
     output: Path,
@@ -95,6 +98,7 @@ def quantize_folder(
     try:
         manifest = _write(source, partial, chosen.name, chosen.scheme, lm_head, progress)
         manifest["seconds"] = round(time.monotonic() - started, 1)
+        manifest["files"] = weight_files(partial)  # what lmforge serve checks at every start
         (partial / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if output.exists():
@@ -136,26 +140,69 @@ def _write(
         for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
             cfg.tie_word_embeddings = False
         untied = True
+    scheme_obj = preset_name_to_scheme(scheme, ["Linear"])
+    targets = [
+        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (lm_head or m is not head)
+    ]
+    if not targets:
+        raise QuantizeError(f"--quantize {name}: {source} has no linear layers to quantize")
+    found: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    calibration = None
+    group = None
+    if name == "gptq":
+        from transformers import AutoTokenizer
+
+        from lmforge.engines.trtllm.calibration import fingerprint, load_prompts
+        from lmforge.quantize import gptq
+
+        modules = dict(model.named_modules())
+        group = gptq.group_size_for(modules[n].in_features for n in targets)
+        scheme_obj = scheme_obj.model_copy(
+            update={"weights": scheme_obj.weights.model_copy(update={"group_size": group})}
+        )
+        label, count_prompts, digest = fingerprint("")
+        sequences = gptq.calibration_ids(AutoTokenizer.from_pretrained(str(source)), load_prompts(""))
+        calibration = {
+            "set": label,
+            "prompts": count_prompts,
+            "sha256": digest,
+            "sequences": len(sequences),
+            "tokens": sum(len(s) for s in sequences),
+            "seq_len": gptq.SEQ_LEN,
+        }
+        progress(f"calibrating on {label}: {count_prompts} prompts, {calibration['tokens']} tokens")
+        hessians = gptq.hessians(model, targets, sequences, progress)
+        for number, n in enumerate(targets, 1):
+            found[n] = gptq.gptq_int4(modules[n].weight, hessians.pop(n), group)
+            if number % 20 == 0 or number == len(targets):
+                progress(f"GPTQ: {number}/{len(targets)} linear layers")
     config = QuantizationConfig(
-        config_groups={"group_0": preset_name_to_scheme(scheme, ["Linear"])},
+        config_groups={"group_0": scheme_obj},
         ignore=[] if lm_head else ["lm_head"],
         quantization_status=QuantizationStatus.FROZEN,
     )
     apply_quantization_config(model, config)
     count = 0
     with torch.no_grad():
-        for module in model.modules():
+        for module_name, module in model.named_modules():
             if getattr(module, "quantization_scheme", None) is None:
                 continue
-            _q, scale = rtn_int8(module.weight)
+            if name == "gptq":
+                q, scale = found[module_name]
+                assert group is not None
+                out_features, width = q.shape
+                values = q.float().view(out_features, width // group, group) * scale[..., None]
+                # q * scale: the compressor's round(w / scale) gives back q
+                module.weight.data.copy_(values.view(out_features, width))
+            else:
+                _q, scale = rtn_int8(module.weight)
             module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype).view_as(module.weight_scale))
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.data.zero_()
             count += 1
-    if not count:
-        raise QuantizeError(f"--quantize {name}: {source} has no linear layers to quantize")
-    progress(f"quantizing {count} linear layers to int8 ({scheme}, compressed-tensors int-quantized)")
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
+    fmt = FORMATS[name]
+    progress(f"quantizing {count} linear layers ({scheme}, compressed-tensors {fmt})")
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
     compressor.compress_model(model)
     for path in source.iterdir():
         if path.name in _SKIP_NAMES or path.name.endswith(_SKIP_SUFFIXES):
@@ -173,18 +220,21 @@ def _write(
     before = sum(p.stat().st_size for p in source.iterdir() if p.name.endswith(".safetensors"))
     after = sum(p.stat().st_size for p in target.iterdir() if p.name.endswith(".safetensors"))
     progress(f"weights {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB")
+    head_kind = "int4" if name == "gptq" else "int8"
+    head_text = (
+        f"{head_kind} (untied from the input embedding)" if untied else (head_kind if lm_head else "fp32")
+    )
     return {
         "method": name,
         "scheme": scheme,
-        "format": "compressed-tensors int-quantized",
-        "weights": "int8 per output channel, symmetric, round to nearest (scale = max|w| / 127.5)",
-        "activations": "int8 per token, symmetric, dynamic (quantized at run time)",
-        "lm_head": "int8 (untied from the input embedding)" if untied else ("int8" if lm_head else "fp32"),
+        "format": f"compressed-tensors {fmt}",
+        **DESCRIPTIONS[name](group),
+        "lm_head": head_text,
         "layers": count,
         "source": {"path": str(source.resolve()), "weights": weights_digest(source)},
-        "calibration": None,
+        "calibration": calibration,
         "weight_bytes": {"source": before, "quantized": after},
-        "libraries": _versions(),
+        "libraries": library_versions(),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 

@@ -135,6 +135,9 @@ def build(cfg: ServingConfig) -> Built:
     mark("tokenizer")
     if world > 1:
         kwargs["distributed_config"] = DistributedConfig(tp_plan="auto")
+    from lmforge.quantize.start_check import check_at_start
+
+    check_at_start(cfg, path, "lmi-dist")  # the quantize manifest: hit / miss (why) / none, or refused
     quant, checkpoint = quantization(cfg, path, world, torch.cuda.is_available())
     if checkpoint:
         from lmforge.quantize import MANIFEST, read_manifest
@@ -148,7 +151,7 @@ def build(cfg: ServingConfig) -> Built:
             if made
             else f"no {MANIFEST}: made elsewhere; its quantization_config decides",
         )
-        model = _load_w8a8(path, kwargs)
+        model = _load_w4a16(path, kwargs) if quant == "gptq" else _load_w8a8(path, kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=_DTYPES.get(cfg.dtype, "auto"), **kwargs
@@ -164,6 +167,11 @@ def build(cfg: ServingConfig) -> Built:
         lean_layers.install(model, fuse=not cfg.enable_lora)
         if quant is None:
             prepack(model, cfg.max_rolling_batch_size)
+        elif quant == "gptq":
+            from lmforge.engines.lmi_dist.cpu_linear import quantize_int4
+
+            quantize_int4(model)
+            prepack(model, cfg.max_rolling_batch_size)  # what the checkpoint left in float32
         else:
             from lmforge.quantize.w8a8 import rtn_int8
 
@@ -301,18 +309,25 @@ def quantization(cfg: ServingConfig, path: Any, world: int, cuda: bool) -> tuple
             )
     elif asked:
         have = method(asked, cpu_only=not cuda).name
+        if METHODS[have].needs_calibration:
+            raise LmforgeError(
+                f"option.quantize={cfg.quantize}: {have} is calibrated on a prompt set, which lmi-dist "
+                f"does not do at load; make the checkpoint first (lmforge compile {path} --quantize {have} "
+                "-o OUT) and serve OUT, or use option.quantize=w8a8, which quantizes at load"
+            )
     else:
         return None, False
     where = (
-        "tensor parallelism (option.tensor_parallel_degree > 1: shards of int8 weights are not built yet)"
+        "tensor parallelism (option.tensor_parallel_degree > 1: shards of quantized weights are not built "
+        "yet)"
         if world > 1
-        else ("a GPU (its int8 kernels are CPU ones so far)" if cuda else None)
+        else ("a GPU (its int8 and int4 kernels are CPU ones so far)" if cuda else None)
     )
     if where:
         raise LmforgeError(f"lmi-dist serves {have} (option.quantize / quantization_config) without {where}")
     if cfg.dtype not in ("auto", "fp32"):
         raise LmforgeError(
-            f"option.dtype={cfg.dtype} with {have}: lmi-dist's int8 layers compute in float32; set "
+            f"option.dtype={cfg.dtype} with {have}: lmi-dist's quantized layers compute in float32; set "
             "option.dtype=fp32 (or leave it unset)"
         )
     return have, qc is not None
@@ -362,4 +377,74 @@ def _load_w8a8(path: Any, kwargs: dict[str, Any]) -> Any:
             f"{path}: W8A8 checkpoint whose scales match no linear layer of the model "
             f"({', '.join(missing[:3]) or 'no weight_scale tensors'})"
         )
+    return model
+
+
+def _load_w4a16(path: Any, kwargs: dict[str, Any]) -> Any:
+    """A compressed-tensors W4A16 (pack-quantized) folder as a float32 model whose linear weights hold
+    the int4 values (-8..7), each with its group scales (``cpu_linear.W_SCALE``, out x groups) for
+    ``cpu_linear.quantize_int4``. transformers loads the rest of the model without the
+    quantization_config (the packed weights are not its ``weight`` tensors, so it initialises those,
+    quietly: they are replaced here); the packed values and scales come from the safetensors files."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import (  # type: ignore[import-untyped]
+        unpack_from_int32,
+    )
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from lmforge.engines.lmi_dist.cpu_linear import W_SCALE
+
+    config = AutoConfig.from_pretrained(str(path), **kwargs)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialized" weights: the packed ones, filled in below
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+    modules = dict(model.named_modules())
+    folder = Path(path)
+    index = folder / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else [p.name for p in sorted(folder.glob("*.safetensors"))]
+    )
+    tensors: dict[str, Any] = {}
+    for name in files:
+        with safe_open(str(folder / name), "pt") as f:
+            for key in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if key.endswith((".weight_packed", ".weight_scale", ".weight_shape")):
+                    tensors[key] = f.get_tensor(key)
+    prefixes = sorted(k.removesuffix(".weight_packed") for k in tensors if k.endswith(".weight_packed"))
+    bad = [
+        p
+        for p in prefixes
+        if not isinstance(modules.get(p), torch.nn.Linear)
+        or f"{p}.weight_scale" not in tensors
+        or f"{p}.weight_shape" not in tensors
+    ]
+    if bad or not prefixes:
+        raise LmforgeError(
+            f"{path}: W4A16 checkpoint whose packed weights match no linear layer of the model, or lack "
+            f"their scale or shape ({', '.join(bad[:3]) or 'no weight_packed tensors'})"
+        )
+    with torch.no_grad():
+        for prefix in prefixes:
+            module = modules[prefix]
+            shape = torch.Size(tensors[f"{prefix}.weight_shape"].tolist())
+            if shape != module.weight.shape:
+                raise LmforgeError(
+                    f"{path}: {prefix}.weight_shape {list(shape)} is not the model's "
+                    f"{list(module.weight.shape)}"
+                )
+            values = unpack_from_int32(tensors[f"{prefix}.weight_packed"], 4, shape)
+            module.weight.data = values.float()
+            setattr(module, W_SCALE, tensors[f"{prefix}.weight_scale"].float().reshape(shape[0], -1))
     return model

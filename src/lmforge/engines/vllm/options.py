@@ -66,7 +66,9 @@ MAPPINGS: tuple[OptionMapping, ...] = (
     OptionMapping("max_rolling_batch_prefill_tokens", "max_num_batched_tokens"),
     OptionMapping("max_model_len", "max_model_len", _max_model_len),
     OptionMapping("dtype", "dtype", lambda v, _c: _DTYPES[v]),
-    OptionMapping("quantize", "quantization", lambda v, _cfg: None if v == "w8a8" else v),
+    # lmforge's own methods are read from the checkpoint's quantization_config (compressed-tensors);
+    # vLLM's "gptq" would expect the GPTQ format instead
+    OptionMapping("quantize", "quantization", lambda v, _cfg: None if v in ("w8a8", "gptq") else v),
     OptionMapping("enforce_eager", "enforce_eager"),
     OptionMapping("gpu_memory_utilization", "gpu_memory_utilization"),
     OptionMapping(
@@ -91,26 +93,37 @@ _OWN_OPTIONS = frozenset({"entryPoint", "model_dir"})
 
 
 def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
-    """What vLLM cannot do with lmforge's W8A8 (``option.quantize=w8a8``, or a folder ``lmforge compile
-    --quantize w8a8`` wrote): vLLM reads such a checkpoint's own ``quantization_config``, but it does not
-    quantize to int8 at load, and vLLM 0.32 loads no int8 LM head."""
+    """What vLLM cannot do with lmforge's quantized folders (``option.quantize=w8a8|gptq``, or a folder
+    ``lmforge compile --quantize`` wrote): vLLM reads such a checkpoint's own ``quantization_config``,
+    but it quantizes neither to int8 nor by GPTQ at load, and vLLM 0.32 loads no quantized LM head.
+    Also the start check of the quantize manifest (:mod:`lmforge.quantize.start_check`: the logged
+    ``quantized checkpoint:`` line; a disagreeing ``option.quantize``, or a miss with
+    ``option.compile_cache=required``, is a problem)."""
     from lmforge.quantize import quantization_config, read_manifest
+    from lmforge.quantize.start_check import QuantizeStartError, check_at_start
 
     if not model.is_dir():
         return []
     problems = []
-    if config.quantize == "w8a8" and quantization_config(model) is None:
+    try:
+        check_at_start(config, model, "vllm")
+    except QuantizeStartError as exc:
+        problems.append(exc.message)
+    asked = (config.quantize or "").strip().lower()
+    if asked in ("w8a8", "gptq") and quantization_config(model) is None:
+        how = "to int8" if asked == "w8a8" else "by GPTQ (it needs a calibration set)"
         problems.append(
-            "option.quantize=w8a8: vLLM does not quantize to int8 at load; make the W8A8 checkpoint first "
-            "(lmforge compile DIR --quantize w8a8 -o OUT, with option.rolling_batch=vllm in DIR), or serve "
-            "this folder on LMI-Dist, which quantizes at load"
+            f"option.quantize={asked}: vLLM does not quantize {how} at load; make the checkpoint first "
+            f"(lmforge compile DIR --quantize {asked} -o OUT, with option.rolling_batch=vllm in DIR)"
+            + (", or serve this folder on LMI-Dist, which quantizes at load" if asked == "w8a8" else "")
         )
     head = str((read_manifest(model) or {}).get("lm_head", ""))
-    if head.startswith("int8"):
+    if head.startswith(("int8", "int4")):
+        method = (read_manifest(model) or {}).get("method", "quantized")
         problems.append(
-            f"this W8A8 checkpoint has an int8 LM head, which vLLM {_version()} cannot load; compile it "
-            "again with option.rolling_batch=vllm in the source folder (the head stays float32 then), or "
-            "serve it on LMI-Dist"
+            f"this {method} checkpoint has an {head[:4]} LM head, which vLLM {_version()} cannot load; "
+            "compile it again with option.rolling_batch=vllm in the source folder (the head stays "
+            "float32 then), or serve it on LMI-Dist"
         )
     return problems
 

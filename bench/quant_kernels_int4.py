@@ -1,0 +1,192 @@
+"""Candidate 4-bit weight-only linear kernels on this CPU, before one is chosen for LMI-Dist's GPTQ path.
+
+The same shapes, rows, rounds and weight streaming as :mod:`bench.quant_kernels` (SmolLM2-135M's
+linear layers at 1 and 32 rows, one torch thread, fastest of the interleaved rounds). The weights are
+int4, symmetric, one scale per group of 64 input channels (compressed-tensors' W4A16 with the group
+size that divides SmolLM2's 576 and 1536 input widths), activations float32. The ways:
+
+* ``fp32`` / ``fp32 prepacked``: the float32 baselines (``F.linear``; oneDNN's prepacked weight, what
+  LMI-Dist runs on an unquantized model);
+* ``int8 W8A8 (served)``: LMI-Dist's W8A8 kernel (fbgemm, per-token by the fixed-range trick), for
+  reference;
+* ``int4pack fp32``: ``torch.ops.aten._weight_int4pack_mm_for_cpu`` on the weight packed once by
+  ``_convert_weight_to_int4pack_for_cpu`` (values 0..15 with 8 subtracted, one (scale, 0) pair per
+  group and output channel), float32 activations;
+* ``int4pack bf16``: the same kernel with the activations cast to bfloat16 and back (its bf16 path
+  uses AVX512-BF16 / AMX where the CPU has them);
+* ``int4 unpack + F.linear``: the int4 values unpacked and scaled to float32 at each call, then
+  ``F.linear`` (what a loader without an int4 kernel would do per step).
+
+Per way: microseconds per call, speed-up over fp32 and over fp32 prepacked, error (max |y - y_fp32|
+over max |y_fp32|, against the float32 product with the dequantized weight, so it measures the kernel,
+not the 4-bit rounding) and whether row 0 alone equals row 0 of the batch bit for bit. Writes
+bench/results/quant-kernels-int4.json.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.quant_kernels_int4 [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench import record
+from bench.quant_kernels import ROWS, SHAPES, STREAM_BYTES
+
+NAME = "quant-kernels-int4"
+GROUP = 64
+WAYS = (
+    "fp32",
+    "fp32 prepacked",
+    "int8 W8A8 (served)",
+    "int4pack fp32",
+    "int4pack bf16",
+    "int4 unpack + F.linear",
+)
+#: the way LMI-Dist's GPTQ layers use (lmforge.engines.lmi_dist.cpu_linear.Int4Weight)
+CHOSEN = "int4pack bf16"
+
+
+def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]], Any]:
+    """Each way's call for weight ``w`` (out x in), and the dequantized int4 weight."""
+    import torch.nn.functional as F
+
+    from lmforge.engines.lmi_dist.cpu_linear import Int4Weight, Int8Weight
+    from lmforge.quantize.w8a8 import rtn_int8
+
+    n, k = w.shape
+    groups = w.view(n, k // GROUP, GROUP)
+    scale = groups.abs().amax(-1) / 7.5
+    q = torch.round(groups / scale[..., None]).clamp_(-8, 7).view(n, k).to(torch.int8)
+    deq = (q.view(n, k // GROUP, GROUP).float() * scale[..., None]).view(n, k)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+    int8 = Int8Weight(*rtn_int8(w))
+    int4 = Int4Weight(q, scale, GROUP, dtype=torch.float32)
+    int4_bf16 = Int4Weight(q, scale, GROUP, dtype=torch.bfloat16)
+    nibbles = (q + 8).to(torch.uint8).view(n, k // 2, 2)
+    nibbles = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous()
+
+    def unpack(x: Any) -> Any:
+        low, high = (nibbles & 15).to(torch.int8), (nibbles >> 4).to(torch.int8)
+        values = torch.stack((low, high), -1).view(n, k // GROUP, GROUP).float().sub_(8)
+        return F.linear(x, values.mul_(scale[..., None]).view(n, k))
+
+    return {
+        "fp32": lambda x: F.linear(x, w),
+        "fp32 prepacked": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+        "int8 W8A8 (served)": int8,
+        "int4pack fp32": int4,
+        "int4pack bf16": int4_bf16,
+        "int4 unpack + F.linear": unpack,
+    }, deq
+
+
+def measure(rounds: int) -> list[dict[str, Any]]:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    torch.backends.quantized.engine = "x86"
+    out = []
+    for k, n, what in SHAPES:
+        copies = max(1, -(-STREAM_BYTES // (k * n)))
+        for rows in ROWS:
+            weights = [torch.randn(n, k) * 0.02 for _ in range(copies)]
+            made = [_ways(torch, w, rows) for w in weights]
+            calls = [m[0] for m in made]
+            x = torch.randn(rows, k)
+            best = {way: float("inf") for way in WAYS}
+            for _ in range(rounds + 1):  # the first round warms up
+                for way in WAYS:
+                    t0 = time.perf_counter()
+                    for c in calls:
+                        c[way](x)
+                    best[way] = min(best[way], (time.perf_counter() - t0) / copies)
+            ref = calls[0]["fp32"](x)
+            ref4 = F.linear(x, made[0][1])
+            row: dict[str, Any] = {"in": k, "out": n, "what": what, "rows": rows, "copies": copies}
+            for way in WAYS:
+                y = calls[0][way](x)
+                alone = calls[0][way](x[:1])
+                against = ref4 if way.startswith("int4") else ref
+                row[way] = {
+                    "us": round(best[way] * 1e6, 1),
+                    "vs_fp32": round(best["fp32"] / best[way], 2),
+                    "vs_prepacked": round(best["fp32 prepacked"] / best[way], 2),
+                    "error": float(((y - against).abs().max() / against.abs().max()).item()),
+                    "row_invariant": bool(torch.equal(alone[0], y[0])),
+                }
+            out.append(row)
+            print(
+                f"{k}x{n} ({what}) rows {rows}: " + ", ".join(f"{w} {row[w]['us']:.0f}us" for w in WAYS),
+                flush=True,
+            )
+            del weights, calls, made
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    from lmforge.bench.results import machine, versions
+
+    started = time.monotonic()
+    rows = measure(args.rounds)
+    result = {
+        "name": NAME,
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.quant_kernels_int4",
+        "settings": {
+            "shapes": "SmolLM2-135M's linear layers, random weights (std 0.02)",
+            "rows": list(ROWS),
+            "group_size": GROUP,
+            "torch_threads": 1,
+            "rounds": args.rounds,
+            "stream_bytes": STREAM_BYTES,
+        },
+        "chosen": CHOSEN,
+        "rows": rows,
+        "machine": machine(),
+        "versions": versions(),
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    record.write(record.RESULTS / f"{NAME}.json", result, section)
+    return 0
+
+
+def report(result: dict[str, Any]) -> str:
+    head = ["shape (in x out)", "rows", *WAYS]
+    lines = []
+    for r in result["rows"]:
+        cells = [f"{r['in']}x{r['out']} ({r['what']})", str(r["rows"])]
+        for way in WAYS:
+            f = r[way]
+            mark = "" if f["row_invariant"] else " †"
+            cells.append(f"{f['us']:.0f} ({f['vs_fp32']:.2f}x){mark}")
+        lines.append(cells)
+    errors = {way: max(r[way]["error"] for r in result["rows"]) for way in WAYS}
+    error_text = ", ".join(f"{way} {e:.1e}" for way, e in errors.items())
+    notes = f"\n{result['notes']}\n" if result.get("notes") else ""
+    return f"""## Int4 weight-only linear kernels on this CPU (`bench/quant_kernels_int4.py`)
+
+SmolLM2-135M's matrix shapes, random weights, int4 in groups of {result["settings"]["group_size"]}, one
+thread; microseconds per call (speed-up over fp32 `F.linear`), fastest of {result["settings"]["rounds"]}
+interleaved rounds. † = row 0 alone is not bit-equal to row 0 in the batch. Largest error (int4 ways:
+against the float32 product with the dequantized weight; the others against fp32): {error_text}.
+Chosen for LMI-Dist's GPTQ layers: **{result["chosen"]}** (the only int4 way not slower than fp32; its
+float32 path is a slow fallback here). Result: `bench/results/{result["name"]}.json`.
+
+{record.table(head, lines)}
+{notes}"""
+
+
+def section(result: dict[str, Any]) -> dict[str, Any]:
+    return record.section(record.ORDER["quant_kernels"] + 1, report(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
