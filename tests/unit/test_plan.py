@@ -433,3 +433,43 @@ def test_vllm_on_a_cpu_instance_is_planned_with_its_compile(tmp_path: Path) -> N
     assert not any("torch.compile" in w for w in compiled.warnings)
     assert compiled.health_check_timeout_s < plain.health_check_timeout_s
     assert VLLM_CPU_COMPILED_START_S < VLLM_CPU_START_S
+
+
+def _compressed_tensors(bits: int, group: int | None, acts: bool) -> dict[str, Any]:
+    weights: dict[str, Any] = {"num_bits": bits, "type": "int", "symmetric": True}
+    weights.update({"strategy": "group", "group_size": group} if group else {"strategy": "channel"})
+    scheme: dict[str, Any] = {"targets": ["Linear"], "weights": weights}
+    if acts:
+        scheme["input_activations"] = {
+            "num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True
+        }  # fmt: skip
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized" if bits == 4 else "int-quantized",
+        "config_groups": {"group_0": scheme},
+    }
+
+
+def test_lmforge_compiled_checkpoints_are_priced_by_their_bits(tmp_path: Path) -> None:
+    """`lmforge compile --quantize gptq|w8a8` writes compressed-tensors: without the weights at hand
+    the plan prices its linear layers at the scheme's bits (float32 scales per group included)."""
+    gptq = {**LLAMA_8B, "torch_dtype": "bfloat16", "quantization_config": _compressed_tensors(4, 64, False)}
+    (tmp_path / "g").mkdir()
+    folder = _model(tmp_path / "g", gptq)
+    plan = make_plan(folder, _cfg(folder, quantize="gptq"), "ml.g5.2xlarge")
+    # linear 6,979,321,856 x (4 + 32/64) bits / 8; embeddings + norms 1,050,939,392 x 2 B
+    assert plan.quantization == "gptq" and not any("quantiz" in w for w in plan.warnings)
+    assert plan.weights_bytes == 6_979_321_856 * 9 // 16 + 2_101_878_784
+    w8a8 = {**LLAMA_8B, "torch_dtype": "bfloat16", "quantization_config": _compressed_tensors(8, None, True)}
+    (tmp_path / "w").mkdir()
+    folder = _model(tmp_path / "w", w8a8)
+    plan = make_plan(folder, _cfg(folder), "ml.g5.2xlarge")
+    assert plan.quantization == "w8a8"
+    assert plan.weights_bytes == 6_979_321_856 + 2_101_878_784
+
+
+def test_option_quantize_w8a8_at_load_is_priced_at_one_byte(tmp_path: Path) -> None:
+    folder = _model(tmp_path, LLAMA_8B)
+    plan = make_plan(folder, _cfg(folder, quantize="w8a8"), "ml.g6.2xlarge")
+    assert plan.quantization == "w8a8" and not any("unknown method" in w for w in plan.warnings)
+    assert plan.weights_bytes == 6_979_321_856 + 2_101_878_784

@@ -205,4 +205,26 @@ def _checkpoint_quantization(qc: Any) -> tuple[str | None, float | None]:
         return method, 4 + QUANT_SCALE_OVERHEAD_BITS
     if method == "mxfp4":
         return method, 4 + QUANT_SCALE_OVERHEAD_BITS
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc)
     return method, None
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> tuple[str, float | None]:
+    """A compressed-tensors ``quantization_config``: lmforge's method name for the schemes it serves
+    (w8a8, gptq), else ``compressed-tensors``; bits per quantized weight from its one config group
+    (the scales: float32, as ``lmforge compile`` writes them, one per output channel or per group)."""
+    from lmforge.quantize import QuantizeError, checkpoint_scheme
+
+    try:
+        method = checkpoint_scheme(qc)
+    except QuantizeError:
+        method = "compressed-tensors"
+    groups = qc.get("config_groups")
+    group = next(iter(groups.values())) if isinstance(groups, dict) and len(groups) == 1 else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    bits = weights.get("num_bits") if isinstance(weights, dict) else None
+    if not isinstance(weights, dict) or not isinstance(bits, int | float):
+        return method, None
+    size = weights.get("group_size")
+    return method, float(bits) + (32 / size if isinstance(size, int) and size > 0 else 0.0)

@@ -41,6 +41,7 @@ RUNTIME_QUANT_BITS: dict[str, float] = {
     "bitsandbytes": 4 + QUANT_SCALE_OVERHEAD_BITS,
     "bitsandbytes4": 4 + QUANT_SCALE_OVERHEAD_BITS,
     "int8_wo": 8,
+    "w8a8": 8,  # lmforge's int8 (LMI-Dist quantizes at load; one scale per output channel)
     "smoothquant": 8,
     "fp8": 8,
     "bitsandbytes8": 8,
