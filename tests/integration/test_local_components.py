@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -465,3 +466,130 @@ def test_an_update_replaces_copies_without_a_failed_request(
     assert desc["Specification"]["Container"]["Environment"] == {"ROLLING": "2"}
     sm.delete_inference_component(InferenceComponentName="ic-roll")
     sm.delete_endpoint(EndpointName="rolling")
+
+
+def test_a_rolling_update_goes_batch_by_batch_and_rolls_back_a_failing_one(
+    local: dict[str, str], clients: dict[str, Any], model: Path
+) -> None:
+    """``DeploymentConfig.RollingUpdatePolicy`` with batches of one copy: never more than one new copy
+    beside the old ones, no failed request; a new specification whose copies fail ``/ping`` rolls
+    back, and the component is ``InService`` on its previous specification with the reason."""
+    import threading
+
+    sm, smr, s3 = clients["sagemaker"], clients["sagemaker-runtime"], clients["s3"]
+    role = local["LMFORGE_ROLE_ARN"]
+    name = _model(sm, s3, role, model, "batched-model")
+    failing = model.parent / "failing-model"
+    if not failing.exists():
+        shutil.copytree(model, failing)
+        (failing / "model.py").write_text("raise RuntimeError('this model does not load')\n")
+    broken = _model(sm, s3, role, failing, "batched-broken")
+    _components_endpoint(sm, role, "batched")
+    spec: dict[str, Any] = {
+        "ModelName": name,
+        "ComputeResourceRequirements": {"NumberOfCpuCoresRequired": 1, "MinMemoryRequiredInMb": 1024},
+        "Container": {"Environment": {"GENERATION": "1"}},
+    }
+    sm.create_inference_component(
+        InferenceComponentName="ic-batched",
+        EndpointName="batched",
+        VariantName="AllTraffic",
+        Specification=spec,
+        RuntimeConfig={"CopyCount": 3},
+    )
+    wait_copies(sm, "ic-batched", 3)
+    answers: list[str] = []
+    failures: list[Exception] = []
+    seen: list[int] = []
+    done = threading.Event()
+
+    def client() -> None:
+        while not done.is_set():
+            try:
+                answers.append(invoke(smr, "batched", "ic-batched")["generated_text"])
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(exc)
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(len(copies(local, "batched")))
+            done.wait(0.02)
+
+    threads = [threading.Thread(target=client), threading.Thread(target=watch)]
+    for t in threads:
+        t.start()
+    policy = {
+        "RollingUpdatePolicy": {
+            "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1},
+            "WaitIntervalInSeconds": 0,
+        }
+    }
+    try:
+        old = {r["port"] for r in copies(local, "batched")}
+        sm.update_inference_component(
+            InferenceComponentName="ic-batched",
+            Specification={**spec, "Container": {"Environment": {"GENERATION": "2"}}},
+            DeploymentConfig=policy,
+        )
+
+        def rolled() -> bool:
+            desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+            now = {r["port"] for r in copies(local, "batched")}
+            return desc["InferenceComponentStatus"] == "InService" and len(now) == 3 and not now & old
+
+        eventually(rolled, timeout=180, state=lambda: copies(local, "batched"))
+        desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+        assert desc["Specification"]["Container"]["Environment"] == {"GENERATION": "2"}
+        assert desc["LastDeploymentConfig"] == policy
+        assert "FailureReason" not in desc
+
+        # copies of the next specification fail /ping (its model.py raises as it loads): rolled back
+        before = {r["port"] for r in copies(local, "batched")}
+        sm.update_inference_component(
+            InferenceComponentName="ic-batched",
+            Specification={**spec, "ModelName": broken, "Container": {"Environment": {"GENERATION": "3"}}},
+            DeploymentConfig=policy,
+        )
+
+        def settled() -> dict[str, Any] | None:
+            desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+            return (
+                dict(desc)
+                if desc["InferenceComponentStatus"] == "InService" and desc.get("FailureReason")
+                else None
+            )
+
+        desc = eventually(
+            settled,
+            timeout=180,
+            state=lambda: sm.describe_inference_component(InferenceComponentName="ic-batched"),
+        )
+        count = len(answers)
+        eventually(lambda: failures or len(answers) >= count + 5, timeout=120, interval=0.05)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(60)
+    assert failures == []
+    assert set(answers) == {"xxx"}
+    assert max(seen) <= 4, seen  # 3 copies and a batch of 1 beside them
+    assert desc["FailureReason"].startswith("Rolled back to the previous specification:"), desc[
+        "FailureReason"
+    ]
+    assert "ping health check" in desc["FailureReason"]
+    assert desc["Specification"]["Container"]["Environment"] == {"GENERATION": "2"}
+    assert desc["Specification"]["ModelName"] == name
+    assert {r["port"] for r in copies(local, "batched")} == before  # the old copies kept serving
+    with pytest.raises(sm.exceptions.ClientError, match=r"MaximumBatchSize\.Type"):
+        sm.update_inference_component(
+            InferenceComponentName="ic-batched",
+            Specification=spec,
+            DeploymentConfig={
+                "RollingUpdatePolicy": {
+                    "MaximumBatchSize": {"Type": "COPIES", "Value": 1},
+                    "WaitIntervalInSeconds": 0,
+                }
+            },
+        )
+    sm.delete_inference_component(InferenceComponentName="ic-batched")
+    sm.delete_endpoint(EndpointName="batched")

@@ -16,6 +16,7 @@ from lmforge.local.inference_components import (
     InferenceComponent,
     check_adapter_spec,
     check_copy_count,
+    check_deployment_config,
     check_requirements,
     components,
 )
@@ -137,6 +138,7 @@ def update_inference_component(self: Any) -> Any:
         )
     spec = self._get_param("Specification")
     runtime = self._get_param("RuntimeConfig")
+    deployment = check_deployment_config(_raw(self, "DeploymentConfig", None, None), validation_error)
     if spec and (spec.get("BaseInferenceComponentName") or component.base_name):
         if component.base_name and "BaseInferenceComponentName" not in spec:
             spec = {**spec, "BaseInferenceComponentName": component.base_name}  # unchanged when left out
@@ -158,6 +160,8 @@ def update_inference_component(self: Any) -> Any:
         component.copy_count = copies
     component.modified = utcnow()
     if spec:
+        component.previous_specification = component.specification
+        component.deployment_config = deployment
         component.specification = spec
         component.status = "Updating"
         component.failure_reason = None
@@ -205,7 +209,7 @@ def delete_inference_component(self: Any) -> Any:
     return EmptyResult()
 
 
-def _raw(self: Any, member: str, key: str, default: object) -> object:
+def _raw(self: Any, member: str, key: str | None, default: object) -> object:
     """``member.key`` as the client sent it (moto's parser turns 1.5 and "2" into integers, which
     SageMaker refuses)."""
     import json
@@ -215,6 +219,8 @@ def _raw(self: Any, member: str, key: str, default: object) -> object:
     except (ValueError, TypeError):
         body = {}
     value = body.get(member) if isinstance(body, dict) else None
+    if key is None:  # the whole member
+        return value if value is not None else default
     return value.get(key, default) if isinstance(value, dict) else default
 
 

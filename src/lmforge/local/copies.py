@@ -41,6 +41,7 @@ VariantKey = tuple[str, str, str, str]
 
 class Copies(Placements):
     state_dir: Any
+    s3_endpoint_url: str
     _launch: Callable[..., Container]
     _model_container: Callable[[Any, str], dict[str, Any]]
     _register_all: Callable[[Key, Container], None]
@@ -177,6 +178,8 @@ class Copies(Placements):
         new ones serve. A create whose copies fit nowhere stays ``Creating`` until they fit."""
         key = (backend.account_id, backend.region_name, component.name)
         updating = placed is not None
+        if placed is not None and component.deployment_config:
+            return self._roll(backend, component, hosts, placed, generation)
         started, errors = self._start_copies(backend, component, hosts, component.copy_count)
         if errors or (component.copy_count and not started):
             if errors or updating:
@@ -209,6 +212,137 @@ class Copies(Placements):
             return bool(placed.copies)
         return False
 
+    def _roll(
+        self, backend: Any, component: Any, hosts: VariantHosts, placed: Placement, generation: int
+    ) -> bool:
+        """A new specification by ``DeploymentConfig.RollingUpdatePolicy``: a batch of new copies
+        starts, and once it serves as many old copies stop (they drain their requests), then the next
+        batch after ``WaitIntervalInSeconds``; a batch that fails to start (or a rollback alarm in
+        ``ALARM``) rolls back: the old specification's copies return in ``RollbackMaximumBatchSize``
+        batches as the new ones stop. Returns True when copies stopped."""
+        from lmforge.local.inference_components import batch_size
+
+        config = component.deployment_config or {}
+        policy = config.get("RollingUpdatePolicy") or {}
+        alarms = [a["AlarmName"] for a in (config.get("AutoRollbackConfiguration") or {}).get("Alarms") or []]
+        desired = component.copy_count
+        step = batch_size(policy.get("MaximumBatchSize"), desired)
+        wait_s = float(policy.get("WaitIntervalInSeconds") or 0)
+        with self._lock:
+            old = list(placed.copies)
+        fresh: list[Copy] = []
+        retired: list[Copy] = []
+        log.info("inference component %s: rolling update in batches of %d copies", component.name, step)
+        while len(fresh) < desired:
+            if not self._current(backend, component, generation):
+                self._drop_from(placed, fresh)
+                return True
+            count = min(step, desired - len(fresh))
+            started, errors = self._start_copies(backend, component, hosts, count)
+            firing = self._firing(backend, alarms)
+            if errors or len(started) < count or firing:
+                self._drop(started)
+                reason = " ".join(errors) or (
+                    f"alarm {firing} is in ALARM"
+                    if firing
+                    else f"No instance of {hosts.instance_type} has room for a copy of {component.name}."
+                )
+                self._roll_back(backend, component, hosts, placed, generation, fresh, len(retired), reason)
+                return True
+            with self._lock:
+                placed.copies.extend(started)
+                stop = old[:count]
+                del old[:count]
+                for copy in stop:
+                    placed.copies.remove(copy)
+                    copy.host.release(copy.needs)
+                component.current_copies = len(placed.copies)
+            self._stop_later([c.container for c in stop])
+            fresh += started
+            retired += stop
+            if len(fresh) < desired and wait_s:
+                self._stopping.wait(wait_s)
+        with self._lock:
+            for copy in old:
+                placed.copies.remove(copy)
+                copy.host.release(copy.needs)
+            if self._current(backend, component, generation):
+                placed.generation = generation
+        self._stop_later([c.container for c in old])
+        if self._current(backend, component, generation):
+            component.failure_reason = None
+            component.current_copies = len(placed.copies)
+            component.status = "InService"
+            log.info("inference component %s: rolled onto its new specification", component.name)
+        return bool(retired or old)
+
+    def _roll_back(
+        self,
+        backend: Any,
+        component: Any,
+        hosts: VariantHosts,
+        placed: Placement,
+        generation: int,
+        fresh: list[Copy],
+        retired: int,
+        reason: str,
+    ) -> None:
+        """Bring back the ``retired`` copies of the previous specification, in rollback batches, as the
+        ``fresh`` ones stop; the component is then ``InService`` on its previous specification with
+        the ``FailureReason``."""
+        from lmforge.local.inference_components import batch_size
+
+        policy = (component.deployment_config or {}).get("RollingUpdatePolicy") or {}
+        previous = component.previous_specification or component.specification
+        step = batch_size(policy.get("RollbackMaximumBatchSize") or policy.get("MaximumBatchSize"), retired)
+        log.warning("inference component %s: rolling back (%s)", component.name, reason)
+        errors: list[str] = []
+        while retired > 0 and self._current(backend, component, generation):
+            count = min(step, retired)
+            started, failed = self._start_copies(backend, component, hosts, count, spec=previous)
+            errors += failed
+            with self._lock:
+                placed.copies.extend(started)
+            self._drop_from(placed, fresh[:count])
+            del fresh[:count]
+            retired -= count
+        self._drop_from(placed, fresh)
+        if not self._current(backend, component, generation):
+            return
+        with self._lock:
+            placed.generation = generation
+            component.current_copies = len(placed.copies)
+        component.specification = previous
+        detail = f" (the rollback could not restart every copy: {' '.join(errors)})" if errors else ""
+        component.failure_reason = f"Rolled back to the previous specification: {reason}{detail}"[
+            :FAILURE_REASON_MAX
+        ]
+        component.status = "InService"
+
+    def _drop_from(self, placed: Placement, copies: list[Copy]) -> None:
+        """Take ``copies`` out of the component's routing, then stop them."""
+        with self._lock:
+            for copy in copies:
+                if copy in placed.copies:
+                    placed.copies.remove(copy)
+        self._drop(copies)
+
+    def _firing(self, backend: Any, alarms: list[str]) -> str | None:
+        """The first of ``alarms`` (``AutoRollbackConfiguration``) in ``ALARM`` in the local CloudWatch."""
+        if not alarms:
+            return None
+        import boto3
+
+        cloudwatch = boto3.session.Session().client(
+            "cloudwatch",
+            endpoint_url=self.s3_endpoint_url,
+            region_name=backend.region_name,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        found = cloudwatch.describe_alarms(AlarmNames=alarms).get("MetricAlarms", [])
+        return next((a["AlarmName"] for a in found if a.get("StateValue") == "ALARM"), None)
+
     def _current(self, backend: Any, component: Any, generation: int) -> bool:
         from lmforge.local.inference_components import components
 
@@ -226,13 +360,18 @@ class Copies(Placements):
         self._stop_later([c.container for c in copies])
 
     def _start_copies(
-        self, backend: Any, component: Any, hosts: VariantHosts, count: int
+        self,
+        backend: Any,
+        component: Any,
+        hosts: VariantHosts,
+        count: int,
+        spec: Mapping[str, Any] | None = None,
     ) -> tuple[list[Copy], list[str]]:
-        """Reserve room for up to ``count`` copies and start them at once; (the copies serving, the
-        errors of those that did not start)."""
+        """Reserve room for up to ``count`` copies (of ``spec``, default the component's) and start
+        them at once; (the copies serving, the errors of those that did not start)."""
         if count <= 0:
             return [], []
-        spec = component.specification
+        spec = component.specification if spec is None else spec
         needs = Needs.of(spec)
         with self._lock:
             reserved = [h for _ in range(count) if (h := hosts.place(needs)) is not None]

@@ -41,6 +41,10 @@ class InferenceComponent:
     current_copies: int = 0
     generation: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    deployment_config: dict[str, Any] | None = None
+    """The ``DeploymentConfig`` of the update in progress (or the last one)."""
+    previous_specification: dict[str, Any] | None = None
+    """The specification an update replaces: what a rollback brings back."""
 
     def describe(self) -> dict[str, Any]:
         spec = {k: v for k, v in self.specification.items() if k != "Container"}
@@ -66,6 +70,8 @@ class InferenceComponent:
         }
         if self.failure_reason:
             out["FailureReason"] = self.failure_reason
+        if self.deployment_config:
+            out["LastDeploymentConfig"] = self.deployment_config
         return out
 
     @property
@@ -194,3 +200,58 @@ def components(backend: Any) -> dict[str, InferenceComponent]:
         if store is None or store.state is not vars(backend):
             store = _STORES[backend] = _Store(vars(backend), {})
         return store.items
+
+
+#: ``RollingUpdatePolicy``'s batch size types
+BATCH_TYPES = ("COPY_COUNT", "CAPACITY_PERCENT")
+
+
+def check_deployment_config(config: object, validation_error: Any) -> dict[str, Any] | None:
+    """``UpdateInferenceComponent``'s ``DeploymentConfig`` as SageMaker takes it: a
+    ``RollingUpdatePolicy`` with ``MaximumBatchSize`` ({Type, Value}) and ``WaitIntervalInSeconds``,
+    an optional ``RollbackMaximumBatchSize`` and ``MaximumExecutionTimeoutInSeconds``, and an optional
+    ``AutoRollbackConfiguration`` naming CloudWatch alarms."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("RollingUpdatePolicy"), dict):
+        raise validation_error("DeploymentConfig.RollingUpdatePolicy is required in a DeploymentConfig.")
+    policy = config["RollingUpdatePolicy"]
+    for key in ("MaximumBatchSize", "RollbackMaximumBatchSize"):
+        where = f"DeploymentConfig.RollingUpdatePolicy.{key}"
+        size = policy.get(key)
+        if size is None and key == "RollbackMaximumBatchSize":
+            continue
+        if not isinstance(size, dict):
+            raise validation_error(f"{where} is required (Type COPY_COUNT or CAPACITY_PERCENT, and a Value).")
+        if size.get("Type") not in BATCH_TYPES:
+            raise validation_error(
+                f"1 validation error detected: Value '{size.get('Type')}' at '{where}.Type' failed to "
+                f"satisfy constraint: Member must satisfy enum value set: [{', '.join(BATCH_TYPES)}]"
+            )
+        value = size.get("Value")
+        top = 100 if size["Type"] == "CAPACITY_PERCENT" else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (top and value > top):
+            bound = f"between 1 and {top}" if top else "at least 1"
+            raise validation_error(f"{where}.Value must be a whole number {bound} (got {value!r}).")
+    wait = policy.get("WaitIntervalInSeconds")
+    if isinstance(wait, bool) or not isinstance(wait, int) or not 0 <= wait <= 3600:
+        raise validation_error(
+            "DeploymentConfig.RollingUpdatePolicy.WaitIntervalInSeconds must be a whole number of seconds "
+            f"between 0 and 3600 (got {wait!r})."
+        )
+    alarms = (config.get("AutoRollbackConfiguration") or {}).get("Alarms") or []
+    if not isinstance(alarms, list) or not all(isinstance(a, dict) and a.get("AlarmName") for a in alarms):
+        raise validation_error(
+            "DeploymentConfig.AutoRollbackConfiguration.Alarms must each name an AlarmName."
+        )
+    return config
+
+
+def batch_size(size: dict[str, Any] | None, copies: int) -> int:
+    """How many copies one batch holds (``MaximumBatchSize``: a count, or a percentage of the copies)."""
+    if not size:
+        return max(1, copies)
+    value = int(size["Value"])
+    if size["Type"] == "CAPACITY_PERCENT":
+        return max(1, -(-copies * value // 100))
+    return max(1, value)

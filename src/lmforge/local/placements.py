@@ -4,8 +4,10 @@ watchdog and the adapter components share (one lock), and the errors they raise.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,9 @@ class NoCapacity(RouteError):
         super().__init__(message)
         self.account, self.region, self.component = account, region, component
 
+
+#: the longest a container taken out of routing waits for its invocations before it is stopped
+DRAIN_S = 60.0
 
 #: SageMaker's routing strategies (``ProductionVariants[].RoutingConfig.RoutingStrategy``)
 RANDOM = "RANDOM"
@@ -249,6 +254,18 @@ class Placements:
         thread.start()
 
     def _stop_later(self, containers: list[Container]) -> None:
+        """Stop ``containers`` (taken out of routing already) once the invocations routed to them
+        have ended, so that none reaches a container that is shutting down (its server would answer
+        503); at most :data:`DRAIN_S` later, at once when the local SageMaker stops."""
         for container in containers:
             container.stopping = True
-            self._run(container.stop, f"stop-{container.label}")
+            self._run(partial(self._stop_when_idle, container), f"stop-{container.label}")
+
+    def _stop_when_idle(self, container: Container) -> None:
+        deadline = time.monotonic() + DRAIN_S
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            with self._counting:  # the router chooses and counts under it: no invocation is in between
+                if container.outstanding <= 0:
+                    break
+            self._stopping.wait(0.05)
+        container.stop()
