@@ -117,6 +117,53 @@ def test_lmi_dist_speculation_gives_the_same_answer(
     assert accepted > 0, "no draft was ever accepted: speculation did not run"
 
 
+#: a draft model as LMI-Dist serves it in these tests: SmolLM2-135M's first DRAFT_LAYERS of 30 decoder
+#: layers (no training), its own model folder
+DRAFT_LAYERS = 8
+
+
+@pytest.fixture(scope="module")
+def smollm2_lmi_dist_draft(
+    smollm2_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RemoteServer]:
+    from lmforge.models.truncate import write_truncated_model
+
+    draft = write_truncated_model(smollm2_model, tmp_path_factory.mktemp("draft") / "smollm2-8", DRAFT_LAYERS)
+    spec = {
+        "method": "draft_model",
+        "model": str(draft),
+        "num_speculative_tokens": 4,
+        "disable_by_batch_size": 64,
+    }
+    with RemoteServer(smollm2_model, env={"OPTION_SPECULATIVE_CONFIG": json.dumps(spec)}) as server:
+        yield server
+
+
+def test_lmi_dist_draft_speculation_gives_the_same_answer(
+    smollm2_lmi_dist: RemoteServer, smollm2_lmi_dist_draft: RemoteServer
+) -> None:
+    """Greedy answers with a draft model proposing equal those without, alone and in a crowd with
+    requests that do not speculate; a flip at a near-tie is reported by name; the layer-truncated
+    draft's proposals are accepted (a real acceptance, not a draft that is never right), and the
+    per-proposer series say so."""
+    import httpx
+
+    probes = [*speculation_probes(PROMPTS), *standard_probes(PROMPTS)]
+    _, near_ties = same_with_speculation(smollm2_lmi_dist.url, smollm2_lmi_dist_draft.url, probes)
+    for tie in near_ties:
+        warnings.warn(f"near-tie: {tie}", stacklevel=1)
+    metrics = httpx.get(smollm2_lmi_dist_draft.url + "/metrics").text
+    values = {
+        line.split()[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if " " in line and not line.startswith("#")
+    }
+    proposed = values['lmforge_engine_speculative_proposer_proposed_tokens_total{proposer="draft_model"}']
+    accepted = values['lmforge_engine_speculative_proposer_accepted_tokens_total{proposer="draft_model"}']
+    assert 0 < accepted <= proposed, values
+    assert proposed == values["lmforge_engine_speculative_proposed_tokens_total"]
+
+
 @needs_vllm
 @pytest.mark.vllm
 def test_vllm_same_alone_and_in_a_crowd(smollm2_vllm: RemoteServer, reference_scores: dict) -> None:
