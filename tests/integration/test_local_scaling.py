@@ -394,3 +394,123 @@ def test_lmforge_local_up_refuses_a_bad_period(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "LMFORGE_LOCAL_METRICS_PERIOD_S" in proc.stdout + proc.stderr
+
+
+def test_lmforge_deploy_autoscales_a_component_from_zero(
+    aws: dict[str, Any], scaling_local: dict[str, str], tiny_model: Path, tmp_path: Path
+) -> None:
+    """``lmforge deploy --inference-component --autoscale 0:2``: the copy-count target, its
+    target-tracking policy, and (minimum 0) the step policy and alarm AWS documents for scaling from
+    zero; idle, the component goes to 0 copies, and the first refused request brings one back.
+    ``lmforge delete`` takes the registration and the alarm off with the component."""
+    from tests.local_sagemaker import handler_model
+
+    sm, smr, cw, aas = (
+        aws["sagemaker"],
+        aws["sagemaker-runtime"],
+        aws["cloudwatch"],
+        aws["application-autoscaling"],
+    )
+    folder = handler_model(tiny_model, tmp_path / "model")
+    out = lmforge(
+        *("deploy", str(folder), "--endpoint-name", "cli-auto", "--instance-type", M5),
+        *("--artifact-format", "prefix", "--inference-component", "ic-cli", "--memory-mb", "1024"),
+        *("--autoscale", "0:2", "--autoscale-target", "5"),
+        env=scaling_local,
+    )
+    assert "cli-auto/ic-cli: InService, 1/1 copies (created)" in out.stdout, out.stderr
+    assert "autoscaling inference-component/ic-cli: 0 to 2 copies" in out.stderr
+    resource = "inference-component/ic-cli"
+    targets = aas.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[resource])[
+        "ScalableTargets"
+    ]
+    assert [(t["ScalableDimension"], t["MinCapacity"], t["MaxCapacity"]) for t in targets] == [
+        ("sagemaker:inference-component:DesiredCopyCount", 0, 2)
+    ]
+    policies = aas.describe_scaling_policies(ServiceNamespace="sagemaker", ResourceId=resource)[
+        "ScalingPolicies"
+    ]
+    kinds = {p["PolicyName"]: p["PolicyType"] for p in policies}
+    assert kinds == {
+        "ic-cli-invocations-per-copy": "TargetTrackingScaling",
+        "ic-cli-scale-from-zero": "StepScaling",
+    }
+    alarm = cw.describe_alarms(AlarmNames=["ic-cli-no-capacity"])["MetricAlarms"][0]
+    step_arn = next(p["PolicyARN"] for p in policies if p["PolicyType"] == "StepScaling")
+    assert alarm["AlarmActions"] == [step_arn] and alarm["MetricName"] == "NoCapacityInvocationFailures"
+
+    _wait_copies(sm, "ic-cli", 0, timeout=240)  # idle: in to the minimum
+    with pytest.raises(smr.exceptions.ValidationError, match="no capacity"):
+        smr.invoke_endpoint(
+            EndpointName="cli-auto",
+            InferenceComponentName="ic-cli",
+            Body=b'{"inputs": "x"}',
+            ContentType="application/json",
+        )
+    _wait_copies(sm, "ic-cli", 1)
+    assert lmforge(
+        "invoke", "cli-auto", "x", "--inference-component", "ic-cli", env=scaling_local
+    ).stdout.strip()
+
+    lmforge("delete", "cli-auto", env=scaling_local)
+    assert (
+        aas.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[resource])["ScalableTargets"]
+        == []
+    )
+    assert cw.describe_alarms(AlarmNames=["ic-cli-no-capacity"])["MetricAlarms"] == []
+
+
+def test_lmforge_deploy_autoscale_scales_a_variant_out_under_load(
+    aws: dict[str, Any], scaling_local: dict[str, str], tiny_model: Path, tmp_path: Path
+) -> None:
+    """The variant policy ``lmforge deploy --autoscale`` registers (target tracking on
+    ``SageMakerVariantInvocationsPerInstance``) runs too: under load, a second instance."""
+    from tests.local_sagemaker import handler_model
+
+    sm, smr, aas = aws["sagemaker"], aws["sagemaker-runtime"], aws["application-autoscaling"]
+    folder = handler_model(tiny_model, tmp_path / "model")
+    lmforge(
+        *("deploy", str(folder), "--endpoint-name", "variant-auto", "--instance-type", M5),
+        *("--artifact-format", "prefix", "--autoscale", "1:2", "--autoscale-target", "3"),
+        env=scaling_local,
+    )
+    failures: list[Exception] = []
+    done = threading.Event()
+
+    def load() -> None:
+        while not done.is_set():
+            try:
+                smr.invoke_endpoint(
+                    EndpointName="variant-auto", Body=b'{"inputs": "x"}', ContentType="application/json"
+                )
+            except Exception as exc:  # every failure is the test's finding
+                failures.append(exc)
+                return
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+
+        def instances() -> int:
+            return int(
+                sm.describe_endpoint(EndpointName="variant-auto")["ProductionVariants"][0][
+                    "CurrentInstanceCount"
+                ]
+            )
+
+        eventually(lambda: instances() == 2, timeout=180, state=instances)
+    finally:
+        done.set()
+        thread.join(60)
+    assert failures == []
+    activity = aas.describe_scaling_activities(
+        ServiceNamespace="sagemaker",
+        ResourceId="endpoint/variant-auto/variant/AllTraffic",
+        ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+    )["ScalingActivities"][0]
+    assert activity["Description"] == "Setting desired instance count to 2."
+    assert "variant-auto-AllTraffic-invocations-per-instance" in activity["Cause"]
+    eventually(
+        lambda: sm.describe_endpoint(EndpointName="variant-auto")["EndpointStatus"] == "InService", timeout=60
+    )
+    lmforge("delete", "variant-auto", env=scaling_local)

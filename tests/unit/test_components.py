@@ -78,11 +78,21 @@ def test_component_settings_are_refused_naming_the_option(
     assert err.value.option == option
 
 
-def test_autoscale_on_a_component_is_refused_for_now(tmp_path: Path) -> None:
+def test_autoscale_on_a_component_counts_copies_from_zero(tmp_path: Path) -> None:
+    """A component's ``--autoscale`` is a range of copies, 0 allowed (a variant's starts at 1), that
+    holds ``--copies``; it needs the wait, as a variant's does."""
     from lmforge.deploy import Autoscale
 
-    with pytest.raises(DeployUsageError, match="--autoscale with --inference-component"):
-        check_settings(_settings(tmp_path, autoscale=Autoscale(1, 2, 10.0)))
+    check_settings(_settings(tmp_path, autoscale=Autoscale(0, 2, 10.0)))
+    check_settings(_settings(tmp_path, autoscale=Autoscale(0, 2), copies=0))
+    with pytest.raises(BadSetting, match="--copies 3 is outside 0:2") as err:
+        check_settings(_settings(tmp_path, autoscale=Autoscale(0, 2), copies=3))
+    assert err.value.option == "--autoscale"
+    with pytest.raises(DeployUsageError, match="drop --no-wait"):
+        check_settings(_settings(tmp_path, autoscale=Autoscale(0, 2), wait=False))
+    with pytest.raises(BadSetting, match="scale to zero is for inference components") as err:
+        check_settings(_settings(tmp_path, autoscale=Autoscale(0, 2), inference_component=None))
+    assert err.value.option == "--autoscale"
 
 
 def test_requirements_default_from_the_instance_type_without_a_plan() -> None:

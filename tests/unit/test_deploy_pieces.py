@@ -222,8 +222,9 @@ def test_autoscale_ranges_are_checked_before_anything_is_sent() -> None:
     for bad in ("4", "a:b", "1-4", ":3"):
         with pytest.raises(ValueError, match="MIN:MAX"):
             parse_range(bad)
-    with pytest.raises(ValueError, match="scale to zero is for inference components"):
-        Autoscale(0, 2)
+    with pytest.raises(ValueError, match="below 0"):
+        Autoscale(-1, 2)
+    assert Autoscale(0, 2).min_capacity == 0  # a component's; a variant's is refused by check_settings
     with pytest.raises(ValueError, match="below the minimum"):
         Autoscale(3, 2)
     runner = CliRunner()

@@ -47,14 +47,15 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
     "--autoscale",
     metavar="MIN:MAX",
     help="Register Application Auto Scaling on the variant: MIN to MAX instances, target tracking on "
-    "invocations per instance.",
+    "invocations per instance; with --inference-component: MIN to MAX copies (MIN may be 0, then a "
+    "refused request scales it from zero), target tracking on invocations per copy.",
 )
 @click.option(
     "--autoscale-target",
     type=click.FloatRange(min=0, min_open=True),
     default=10.0,
     show_default=True,
-    help="With --autoscale: invocations per instance per minute to keep.",
+    help="With --autoscale: invocations per instance (per copy, for a component) per minute to keep.",
 )
 @click.option("--role", "role_arn", help="Execution role ARN [default: $LMFORGE_ROLE_ARN].")
 @click.option("--bucket", help="S3 bucket for the artifacts [default: sagemaker-REGION-ACCOUNT].")

@@ -11,6 +11,13 @@ inference-component endpoints).
 SageMaker refuses ``UpdateEndpoint`` on a variant that is a registered scalable target, so a
 redeploy takes the registration off first (:func:`suspend`) and puts it back after
 (:func:`register`, with the new ``--autoscale`` or the one it had).
+
+An inference component scales its copy count instead (:func:`register_component`):
+``ResourceId=inference-component/<name>``, ``ScalableDimension=sagemaker:inference-component:
+DesiredCopyCount``, target tracking on ``SageMakerInferenceComponentInvocationsPerCopy``; a minimum of
+0 copies also gets what AWS documents for scaling from zero, since target tracking cannot scale out
+from no copy: a step-scaling policy (+1 copy) and the CloudWatch alarm on the component's
+``NoCapacityInvocationFailures`` that runs it. :func:`deregister_component` takes all of it off.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import Any
 NAMESPACE = "sagemaker"
 DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 METRIC = "SageMakerVariantInvocationsPerInstance"
+COMPONENT_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+COMPONENT_METRIC = "SageMakerInferenceComponentInvocationsPerCopy"
 Echo = Callable[[str], None]
 
 
@@ -35,11 +44,8 @@ class Autoscale:
     scale_out_cooldown_s: int = 60
 
     def __post_init__(self) -> None:
-        if self.min_capacity < 1:
-            raise ValueError(
-                "the minimum is at least 1: an endpoint's production variant keeps one instance "
-                "(scale to zero is for inference components)"
-            )
+        if self.min_capacity < 0:
+            raise ValueError(f"the minimum ({self.min_capacity}) is below 0")
         if self.max_capacity < self.min_capacity:
             raise ValueError(f"the maximum ({self.max_capacity}) is below the minimum ({self.min_capacity})")
         if self.target_invocations <= 0:
@@ -157,3 +163,120 @@ def suspend(aas: Any, endpoint_name: str, variant: str, echo: Echo = print) -> A
         )
     except ValueError:
         return None
+
+
+def component_resource_id(component: str) -> str:
+    return f"inference-component/{component}"
+
+
+def component_names(component: str) -> tuple[str, str, str]:
+    """The names of the component's (target-tracking policy, scale-from-zero policy, its alarm)."""
+    return (
+        f"{component}-invocations-per-copy"[:256],
+        f"{component}-scale-from-zero"[:256],
+        f"{component}-no-capacity"[:255],
+    )
+
+
+def register_component(
+    aas: Any, cloudwatch: Any, component: str, scale: Autoscale, echo: Echo = print
+) -> None:
+    """Register the component's copy count with a target-tracking policy on invocations per copy,
+    and, with a minimum of 0, the step policy and alarm that scale it from zero (replacing any)."""
+    rid = component_resource_id(component)
+    tracking, from_zero, alarm = component_names(component)
+    aas.register_scalable_target(
+        ServiceNamespace=NAMESPACE,
+        ResourceId=rid,
+        ScalableDimension=COMPONENT_DIMENSION,
+        MinCapacity=scale.min_capacity,
+        MaxCapacity=scale.max_capacity,
+    )
+    aas.put_scaling_policy(
+        PolicyName=tracking,
+        ServiceNamespace=NAMESPACE,
+        ResourceId=rid,
+        ScalableDimension=COMPONENT_DIMENSION,
+        PolicyType="TargetTrackingScaling",
+        TargetTrackingScalingPolicyConfiguration={
+            "TargetValue": scale.target_invocations,
+            "PredefinedMetricSpecification": {"PredefinedMetricType": COMPONENT_METRIC},
+            "ScaleInCooldown": scale.scale_in_cooldown_s,
+            "ScaleOutCooldown": scale.scale_out_cooldown_s,
+        },
+    )
+    extra = ""
+    if scale.min_capacity == 0:
+        step = aas.put_scaling_policy(
+            PolicyName=from_zero,
+            ServiceNamespace=NAMESPACE,
+            ResourceId=rid,
+            ScalableDimension=COMPONENT_DIMENSION,
+            PolicyType="StepScaling",
+            StepScalingPolicyConfiguration={
+                "AdjustmentType": "ChangeInCapacity",
+                "MetricAggregationType": "Maximum",
+                "Cooldown": scale.scale_out_cooldown_s,
+                "StepAdjustments": [{"MetricIntervalLowerBound": 0, "ScalingAdjustment": 1}],
+            },
+        )
+        cloudwatch.put_metric_alarm(
+            AlarmName=alarm,
+            AlarmDescription=f"scale {component} from zero copies on its first refused request",
+            AlarmActions=[step["PolicyARN"]],
+            MetricName="NoCapacityInvocationFailures",
+            Namespace="AWS/SageMaker",
+            Statistic="Maximum",
+            Dimensions=[{"Name": "InferenceComponentName", "Value": component}],
+            Period=30,
+            EvaluationPeriods=1,
+            DatapointsToAlarm=1,
+            Threshold=1,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
+            TreatMissingData="missing",
+        )
+        extra = f"; from zero on the alarm {alarm}"
+    echo(
+        f"autoscaling {rid}: {scale.min_capacity} to {scale.max_capacity} copies, target "
+        f"{scale.target_invocations:g} invocations per copy per minute{extra}"
+    )
+
+
+def deregister_component(aas: Any, cloudwatch: Any, component: str, echo: Echo = print) -> bool:
+    """Take the component's scaling off (policies, target, the scale-from-zero alarm); False when it
+    had none (or Application Auto Scaling cannot be asked)."""
+    from botocore.exceptions import ClientError
+
+    rid = component_resource_id(component)
+    try:
+        targets = aas.describe_scalable_targets(
+            ServiceNamespace=NAMESPACE, ResourceIds=[rid], ScalableDimension=COMPONENT_DIMENSION
+        )["ScalableTargets"]
+        if not targets:
+            return False
+        policies = aas.describe_scaling_policies(
+            ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=COMPONENT_DIMENSION
+        )["ScalingPolicies"]
+    except ClientError as exc:
+        if "AccessDenied" in str(exc.response.get("Error", {}).get("Code", "")):
+            return False
+        raise
+    for policy in policies:
+        aas.delete_scaling_policy(
+            PolicyName=policy["PolicyName"],
+            ServiceNamespace=NAMESPACE,
+            ResourceId=rid,
+            ScalableDimension=COMPONENT_DIMENSION,
+        )
+    aas.deregister_scalable_target(
+        ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=COMPONENT_DIMENSION
+    )
+    cloudwatch.delete_alarms(AlarmNames=[component_names(component)[2]])
+    echo(f"autoscaling of {rid} deregistered ({len(policies)} policies)")
+    return True
+
+
+def cloudwatch_client(region: str | None = None) -> Any:
+    import boto3
+
+    return boto3.client("cloudwatch", region_name=region)

@@ -301,10 +301,16 @@ def delete_component(
     """Delete the component, wait until it is gone, then delete its model (unless another uses it)."""
     from botocore.exceptions import ClientError
 
+    from lmforge.deploy import autoscaling
+
     found = describe_component(sm, name)
     if found is None:
         raise DeployError(f"inference component {name} does not exist")
     model = (found.get("Specification") or {}).get("ModelName")
+    region = sm.meta.region_name  # a scalable target outliving its component would keep calling it
+    autoscaling.deregister_component(
+        autoscaling.client(region), autoscaling.cloudwatch_client(region), name, echo
+    )
     sm.delete_inference_component(InferenceComponentName=name)
     deadline = time.monotonic() + timeout_s
     while describe_component(sm, name) is not None:

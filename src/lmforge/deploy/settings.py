@@ -135,7 +135,18 @@ def check_settings(settings: DeploySettings) -> None:
         return
     if not settings.wait:
         raise DeployUsageError(AUTOSCALE_NEEDS_WAIT)
-    low, high, count = scale.min_capacity, scale.max_capacity, settings.instance_count
+    low, high = scale.min_capacity, scale.max_capacity
+    if settings.inference_component is not None:
+        if not low <= settings.copies <= high:
+            raise BadSetting(f"--copies {settings.copies} is outside {low}:{high}", "--autoscale")
+        return
+    if low < 1:
+        raise BadSetting(
+            f"--autoscale {low}:{high}: an endpoint's production variant keeps at least one instance "
+            "(scale to zero is for inference components: add --inference-component)",
+            "--autoscale",
+        )
+    count = settings.instance_count
     if not low <= count <= high:
         raise BadSetting(f"--instance-count {count} is outside {low}:{high}", "--autoscale")
 
@@ -162,9 +173,4 @@ def _check_component(settings: DeploySettings) -> None:
             f"--max-instances {settings.max_instance_count} is below "
             f"--instance-count {settings.instance_count}",
             "--max-instances",
-        )
-    if settings.autoscale is not None:
-        raise DeployUsageError(
-            "--autoscale with --inference-component is not supported yet (lmforge registers variant "
-            "scaling only); scale a component with UpdateInferenceComponentRuntimeConfig"
         )

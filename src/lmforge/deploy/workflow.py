@@ -204,7 +204,20 @@ def _ship_component(
         f"({needs.cpus:g} cores, {needs.memory_mb} MiB, {needs.accelerators} accelerators)"
     )
     result = deploy_component(sm, spec, wait=settings.wait, echo=progress.note)
-    return Deployment(result, spec, upload, plan, None, settings.wait)
+    registered = None
+    if settings.autoscale is not None and result.status == "InService":
+        from lmforge.deploy import autoscaling
+
+        region = sm.meta.region_name
+        autoscaling.register_component(
+            autoscaling.client(region),
+            autoscaling.cloudwatch_client(region),
+            spec.component_name,
+            settings.autoscale,
+            progress.note,
+        )
+        registered = settings.autoscale
+    return Deployment(result, spec, upload, plan, registered, settings.wait)
 
 
 def endpoint_spec(
