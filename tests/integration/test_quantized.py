@@ -232,3 +232,29 @@ def test_lora_adapters_apply_over_a_gptq_base(gptq_lora_server: RemoteServer) ->
 )
 def test_lora_adapters_on_a_gptq_base_same_alone_or_in_a_crowd(gptq_lora_server: RemoteServer) -> None:
     same_alone_and_in_a_crowd(gptq_lora_server.url, _lora_probes(), rounds=1)
+
+
+@pytest.mark.vllm
+def test_vllm_cpu_serves_a_gptq_checkpoint_in_bf16(tmp_path: Path, tiny_model: Path) -> None:
+    """The checkpoint compiled from a vLLM folder (LM head float) on vLLM-CPU's own int4 kernel
+    (CPUWNA16, bfloat16 activations: it has no float32 path, refused at start in lmforge's words)."""
+    from click.testing import CliRunner
+
+    from lmforge.cli import main
+    from lmforge.testing.server import VLLM_ENV, VLLM_PROPERTIES
+
+    source = tmp_path / "vllm"
+    shutil.copytree(tiny_model, source)
+    (source / "serving.properties").write_text(
+        VLLM_PROPERTIES.replace("option.dtype=fp32", "option.dtype=bf16")
+    )
+    out = tmp_path / "vllm-gptq"
+    result = CliRunner().invoke(main, ["compile", str(source), "--quantize", "gptq", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with RemoteServer(out, env=dict(VLLM_ENV), startup_timeout=400) as server:
+        logs = server.log_path.read_text(errors="replace")  # the whole log: vLLM's fills the tail
+        assert "Using CPUWNA16LinearKernel for CompressedTensorsWNA16" in logs
+        assert "vllm: quantized checkpoint: hit (gptq" in logs
+        body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 8, "details": True}}
+        reply = httpx.post(f"{server.url}/invocations", json=body, timeout=120).json()
+        assert reply["details"]["generated_tokens"] == 8, reply

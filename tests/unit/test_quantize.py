@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from lmforge.config import load_config
 from lmforge.errors import LmforgeError
 from lmforge.quantize import MANIFEST, QuantizeError, checkpoint_scheme, method, quantization_config
+from tests.shared_vllm import needs_vllm
 
 
 @pytest.fixture(autouse=True)
@@ -440,3 +441,34 @@ def test_lmi_dist_loads_the_gptq_checkpoint_on_int4_layers_close_to_its_dequanti
     assert count == 2 * 7 + 1  # 2 layers x (q, k, v, o, gate, up, down) + the LM head
     ref = x @ deq.t()
     assert ((down(x) - ref).abs().max() / ref.abs().max()).item() < 1e-2
+
+
+def _vllm(folder: Path, **fields: object):
+    from lmforge.config.schema import ServingConfig
+
+    return ServingConfig(model_dir=folder, **fields)  # type: ignore[arg-type]
+
+
+@needs_vllm
+def test_a_gptq_checkpoint_on_vllm_cpu_needs_a_16_bit_dtype(tmp_path: Path, monkeypatch) -> None:
+    """vLLM 0.32's CPU int4 kernel (cpu_gemm_wna16) has no float32 path: measured, it starts and then
+    fails at the first request ("not implemented for 'Float'"); refused at start instead."""
+    import json
+
+    from lmforge.engines.vllm import options
+    from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
+
+    monkeypatch.setattr(options, "_cpu_platform", lambda: True)
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}
+    qc = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+    }
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": qc}))
+    with pytest.raises(
+        VllmOptionError, match=r"option.dtype=fp32 with a gptq .*no float32 path.*option.dtype=bf16"
+    ):
+        engine_kwargs(_vllm(tmp_path, dtype="fp32"), {})
+    assert engine_kwargs(_vllm(tmp_path, dtype="bf16"), {})["dtype"] == "bfloat16"
+    assert "quantization" not in engine_kwargs(_vllm(tmp_path, dtype="bf16", quantize="gptq"), {})

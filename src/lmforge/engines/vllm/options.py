@@ -117,6 +117,13 @@ def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
             f"(lmforge compile DIR --quantize {asked} -o OUT, with option.rolling_batch=vllm in DIR)"
             + (", or serve this folder on LMI-Dist, which quantizes at load" if asked == "w8a8" else "")
         )
+    qc = quantization_config(model)
+    if qc is not None and config.dtype == "fp32" and _is_gptq(qc) and _cpu_platform():
+        problems.append(
+            f"option.dtype=fp32 with a gptq (W4A16 int4) checkpoint: vLLM {_version()}'s CPU int4 kernel "
+            "(CPUWNA16LinearKernel, cpu_gemm_wna16) has no float32 path (it fails at the first request); "
+            "set option.dtype=bf16, or serve the folder on LMI-Dist (option.rolling_batch=lmi-dist)"
+        )
     head = str((read_manifest(model) or {}).get("lm_head", ""))
     if head.startswith(("int8", "int4")):
         method = (read_manifest(model) or {}).get("method", "quantized")
@@ -126,6 +133,15 @@ def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
             "float32 then), or serve it on LMI-Dist"
         )
     return problems
+
+
+def _is_gptq(qc: dict[str, Any]) -> bool:
+    from lmforge.quantize import QuantizeError, checkpoint_scheme
+
+    try:
+        return checkpoint_scheme(qc) == "gptq"
+    except QuantizeError:
+        return False
 
 
 @functools.cache
