@@ -294,7 +294,8 @@ class Copies(Placements):
 
         policy = (component.deployment_config or {}).get("RollingUpdatePolicy") or {}
         previous = component.previous_specification or component.specification
-        step = batch_size(policy.get("RollbackMaximumBatchSize") or policy.get("MaximumBatchSize"), retired)
+        # without a RollbackMaximumBatchSize, SageMaker brings the whole old fleet back at once
+        step = batch_size(policy.get("RollbackMaximumBatchSize"), retired)
         log.warning("inference component %s: rolling back (%s)", component.name, reason)
         errors: list[str] = []
         while retired > 0 and self._current(backend, component, generation):

@@ -229,9 +229,11 @@ def check_deployment_config(config: object, validation_error: Any) -> dict[str, 
                 f"satisfy constraint: Member must satisfy enum value set: [{', '.join(BATCH_TYPES)}]"
             )
         value = size.get("Value")
-        top = 100 if size["Type"] == "CAPACITY_PERCENT" else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (top and value > top):
-            bound = f"between 1 and {top}" if top else "at least 1"
+        percent = size["Type"] == "CAPACITY_PERCENT"
+        # SageMaker: a batch is 5 to 50 % of the copies; a rollback batch up to all of them
+        low, top = (5, 50 if key == "MaximumBatchSize" else 100) if percent else (1, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (top and value > top):
+            bound = f"between {low} and {top}" if top else "at least 1"
             raise validation_error(f"{where}.Value must be a whole number {bound} (got {value!r}).")
     wait = policy.get("WaitIntervalInSeconds")
     if isinstance(wait, bool) or not isinstance(wait, int) or not 0 <= wait <= 3600:
