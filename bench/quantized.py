@@ -10,7 +10,14 @@ vLLM also serves a W8A8 checkpoint compiled from its own folder (LM head float: 
 quantized LM head) unless ``--no-vllm-w8a8``. Writes
 bench/results/quantized-<model>.json.
 
+Accuracy (``--accuracy``, or ``--accuracy-only`` to add it to the existing result without the
+throughput runs): lm-eval-harness's ``local-completions`` model through `lmforge serve` (LMI-Dist) on
+bench/lm_eval_parity.py's multiple-choice task, on the fp32 folder and on the ones `lmforge compile
+--quantize w8a8` and `--quantize gptq` make from it: each method's accuracy and its choices'
+log-likelihoods against fp32's (mean and largest gap).
+
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.quantized [--rounds 2] [--model smollm2-135m]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.quantized --accuracy-only
 """
 
 from __future__ import annotations
@@ -50,12 +57,74 @@ def _peak_rss(server: Any, module: str) -> int | None:
     return None
 
 
+#: the methods whose accuracy is measured against fp32
+ACCURACY_METHODS = ("w8a8", "gptq")
+
+
+def _compile(source: Path, method: str, out: Path) -> float:
+    """`lmforge compile SOURCE --quantize METHOD -o OUT`; its seconds."""
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "lmforge", "compile", str(source), "--quantize", method, "-o", str(out)]
+    subprocess.run(cmd, check=True)
+    return time.monotonic() - t0
+
+
+def accuracy(fp32: Path, tmp: Path) -> dict[str, Any]:
+    """lm-eval local-completions through LMI-Dist on ``fp32`` and on its quantized copies."""
+    import httpx
+
+    from bench.lm_eval_parity import TASK, evaluate, local_completions_args, write_task
+    from lmforge.testing.server import RemoteServer
+
+    task = write_task(tmp / "task")
+    folders = {"fp32": fp32}
+    compile_s = {}
+    for method in ACCURACY_METHODS:
+        folders[method] = tmp / f"acc-{method}"
+        compile_s[method] = round(_compile(fp32, method, folders[method]), 1)
+    scores = {}
+    for label, folder in folders.items():
+        with RemoteServer(folder, startup_timeout=600) as server:
+            name = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]["id"]
+            args = local_completions_args(server.url, name, num_concurrent=8, batch_size=1)
+            scores[label] = evaluate("local-completions", args, task)
+            print(f"accuracy {label}: {scores[label].accuracy:.3f}", flush=True)
+    ref = scores["fp32"]
+    runs = {}
+    for label, got in scores.items():
+        gaps = [
+            abs(a - b)
+            for doc, want in ref.loglikelihoods.items()
+            for a, b in zip(want, got.loglikelihoods[doc], strict=True)
+        ]
+        runs[label] = {
+            "accuracy": got.accuracy,
+            "vs_fp32": round(got.accuracy - ref.accuracy, 4),
+            "mean_loglikelihood_gap": round(statistics.fmean(gaps), 4),
+            "max_loglikelihood_gap": round(max(gaps), 4),
+            "weight_bytes": _weight_bytes(folders[label]),
+            **({"compile_s": compile_s[label]} if label in compile_s else {}),
+        }
+    return {
+        "task": f"{TASK} (bench.lm_eval_parity.QUESTIONS: multiple choice, 4 choices each)",
+        "engine": "lmi-dist",
+        "lm_eval": "local-completions, num_concurrent=8, batch_size=1",
+        "runs": runs,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", choices=MODELS, default=SMOLLM2)
     parser.add_argument("--no-vllm-w8a8", action="store_true", help="leave out vLLM on a W8A8 checkpoint")
+    parser.add_argument("--accuracy", action="store_true", help="also lm-eval accuracy per method")
+    parser.add_argument(
+        "--accuracy-only", action="store_true", help="only the accuracy, added to the existing result"
+    )
     args = parser.parse_args()
+    if args.accuracy_only:
+        return _accuracy_only(args.model)
     started = time.monotonic()
     from lmforge.models.example import SERVING_PROPERTIES
 
@@ -66,13 +135,10 @@ def main() -> int:
         shutil.copytree(vllm_dir, fp32)
         (fp32 / "serving.properties").write_text(SERVING_PROPERTIES)
         w8a8 = tmp / "lmi-dist-w8a8"
-        t0 = time.monotonic()
-        subprocess.run(
-            [sys.executable, "-m", "lmforge", "compile", str(fp32), "--quantize", "w8a8", "-o", str(w8a8)],
-            check=True,
-        )
-        compile_s = time.monotonic() - t0
-        dirs = {"lmi-dist w8a8": w8a8, "lmi-dist fp32": fp32, "vllm fp32": vllm_dir}
+        compile_s = _compile(fp32, "w8a8", w8a8)
+        gptq = tmp / "lmi-dist-gptq"
+        gptq_compile_s = _compile(fp32, "gptq", gptq)
+        dirs = {"lmi-dist w8a8": w8a8, "lmi-dist gptq": gptq, "lmi-dist fp32": fp32, "vllm fp32": vllm_dir}
         if not args.no_vllm_w8a8:  # compiled from the vLLM folder: its LM head stays float (vLLM 0.32)
             vllm_q = tmp / "vllm-w8a8"
             subprocess.run(
@@ -115,6 +181,7 @@ def main() -> int:
                 for k, s in servers.items()
             }
         weights = {k: _weight_bytes(d) for k, d in dirs.items()}
+        measured_accuracy = accuracy(fp32, tmp) if args.accuracy else None
     rows = []
     for c in CONCURRENCIES:
         tput = {k: statistics.median(x["output_throughput"] for x in v) for k, v in runs[c].items()}
@@ -128,6 +195,8 @@ def main() -> int:
                 "failed": {k: sum(x["failed"] for x in v) for k, v in runs[c].items()},
                 "vs_fp32": tput["lmi-dist w8a8"] / tput["lmi-dist fp32"],
                 "vs_vllm": tput["lmi-dist w8a8"] / tput["vllm fp32"],
+                "gptq_vs_fp32": tput["lmi-dist gptq"] / tput["lmi-dist fp32"],
+                "gptq_vs_vllm": tput["lmi-dist gptq"] / tput["vllm fp32"],
             }
         )
     sample = runs[CONCURRENCIES[-1]]["lmi-dist fp32"][0]
@@ -150,33 +219,97 @@ def main() -> int:
         "weight_bytes": weights,
         "peak_rss_bytes": rss,
         "compile_s": round(compile_s, 1),
+        "gptq_compile_s": round(gptq_compile_s, 1),
         "versions": sample["versions"],
         "machine": sample["machine"],
         "wall_s": round(time.monotonic() - started, 1),
         "runs": {str(c): v for c, v in runs.items()},
     }
+    if measured_accuracy is not None:
+        result["accuracy"] = measured_accuracy
     record.write(record.RESULTS / f"{result['name']}.json", result, section)
     print(report(result))
     return 0
 
 
+def _accuracy_only(model: str) -> int:
+    """``--accuracy-only``: the accuracy runs, added to the existing result (its throughput kept)."""
+    import json
+
+    out = record.RESULTS / f"{NAME}-{model}.json"
+    result = json.loads(out.read_text())
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        fp32 = vllm_model(tmp / "vllm", model)
+        from lmforge.models.example import SERVING_PROPERTIES
+
+        (fp32 / "serving.properties").write_text(SERVING_PROPERTIES)
+        result["accuracy"] = accuracy(fp32, tmp)
+    result.pop("report", None)
+    record.write(out, result, section)
+    print(accuracy_report(result["accuracy"]))
+    return 0
+
+
+def accuracy_report(acc: dict[str, Any]) -> str:
+    head = [
+        "weights",
+        "accuracy",
+        "vs fp32",
+        "mean log-likelihood gap",
+        "max log-likelihood gap",
+        "weight MiB",
+    ]
+    lines = [
+        [
+            label,
+            f"{r['accuracy']:.3f}",
+            f"{r['vs_fp32']:+.3f}",
+            f"{r['mean_loglikelihood_gap']:.3f}",
+            f"{r['max_loglikelihood_gap']:.3f}",
+            f"{r['weight_bytes'] / 2**20:.0f}",
+        ]
+        for label, r in acc["runs"].items()
+    ]
+    return f"""### Accuracy: quantized vs fp32 (lm-eval-harness through `lmforge serve`)
+
+lm-eval's {acc["lm_eval"]} on {acc["task"]}, {acc["engine"]}; each quantized folder made by `lmforge
+compile --quantize METHOD` from the fp32 one (gptq calibrated on lmforge's offline prompt set). Goal
+(issue 59): accuracy within 0.02 of fp32.
+
+{record.table(head, lines)}
+"""
+
+
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
     labels = list(result["rows"][0]["output_throughput"])
+    gptq = "gptq_vs_fp32" in result["rows"][0]
     head = ["concurrency", *(f"{k} tok/s" for k in labels), "W8A8 / fp32", "W8A8 / vLLM fp32"]
+    head += ["GPTQ / fp32", "GPTQ / vLLM fp32"] if gptq else []
     lines = [
         [
             str(r["concurrency"]),
             *(f"{r['output_throughput'][k]:.1f} (TPOT {r['tpot_ms_p50'][k]:.0f} ms)" for k in labels),
             f"**{r['vs_fp32']:.2f}x**",
             f"**{r['vs_vllm']:.2f}x**",
+            *([f"**{r['gptq_vs_fp32']:.2f}x**", f"**{r['gptq_vs_vllm']:.2f}x**"] if gptq else []),
         ]
         for r in result["rows"]
     ]
     wb = result["weight_bytes"]
     ratio = wb["lmi-dist w8a8"] / wb["lmi-dist fp32"]
-    rss = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in result["peak_rss_bytes"].items() if v)
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
+    if "lmi-dist gptq" in wb:
+        notes += (
+            f"\nGPTQ (`lmforge compile --quantize gptq`, {result.get('gptq_compile_s', 0):.0f} s with the "
+            f"calibration pass): weights {wb['lmi-dist gptq'] / 2**20:.0f} MiB "
+            f"(**{wb['lmi-dist gptq'] / wb['lmi-dist fp32']:.2f}x** fp32; int4 in groups of 64, the LM head "
+            "float32 and tied to the embedding), on torch's int4 kernel with bf16 activations.\n"
+        )
+    rss = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in result["peak_rss_bytes"].items() if v)
+    if result.get("accuracy"):
+        notes += "\n" + accuracy_report(result["accuracy"])
     return f"""## Quantized serving: LMI-Dist W8A8 vs fp32 vs vLLM-CPU fp32 (`bench/quantized.py`)
 
 {s["model"]}; the W8A8 folder made by `lmforge compile --quantize w8a8` in {result["compile_s"]:.0f} s
@@ -207,6 +340,14 @@ def section(result: dict[str, Any]) -> dict[str, Any]:
             GOAL_VS_VLLM,
         ),
     ]
+    if "gptq_vs_fp32" in result["rows"][0]:
+        summary.append(
+            record.summary_row(
+                "Quantized: LMI-Dist GPTQ / vLLM fp32, lowest over c",
+                min(r["gptq_vs_vllm"] for r in result["rows"]),
+                GOAL_VS_VLLM,
+            )
+        )
     return record.section(record.ORDER["quantized"], report(result), summary)
 
 
