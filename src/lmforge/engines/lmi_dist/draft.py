@@ -14,7 +14,8 @@ tokens whose keys that cache holds. To propose up to k tokens after the request'
 2. the tokens the cache lacks (the prompt at first sight; then the last step's accepted tokens and
    the target's own next one) go through the draft model in one forward, and its greedy choice is d1;
 3. d1, d2, ... each go through it in turn, up to dk (the last draft is never fed: the next step feeds
-   it if it was accepted).
+   it if it was accepted); the proposal stops early at a token the draft is unsure of
+   (:data:`CONFIDENCE`).
 
 At most ``disable_by_batch_size`` requests keep a cache (the steps with more decoding requests do not
 speculate); the least recently used is dropped for a new one and rebuilt from the tokens if it comes
@@ -46,6 +47,10 @@ _OPTION = "option.speculative_config"
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+CONFIDENCE = 0.4
+"""A proposal stops at a draft token the draft itself gives less than this probability (the first
+token is always proposed): a draft forward pass is not free, and an unsure draft is mostly rejected
+(transformers' assisted generation stops its drafts at the same confidence)."""
 MEMORY_SHARE = 0.9
 """The share of the memory free after the target's load that the draft (weights + caches) may take."""
 
@@ -224,7 +229,10 @@ class DraftModel:
             out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True, logits_to_keep=1)
             self.forwards += 1
             have.extend(feed)
-            token = int(torch.argmax(out.logits[0, -1]))
+            scores = out.logits[0, -1]
+            token = int(torch.argmax(scores))
+            if drafts and float(torch.softmax(scores.float(), dim=-1)[token]) < CONFIDENCE:
+                return drafts  # unsure: the next steps' drafts start from the target's own token
             drafts.append(token)
             if len(drafts) >= k:
                 return drafts

@@ -82,6 +82,8 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 8
 batch that large is bound by compute, not by reading the weights, on a CPU."""
 _GATE_WINDOW = 32
 """Drafted tokens of a request before its acceptance is judged."""
+_DRAFT_GATE_WINDOW = 8
+"""The same for a draft model, whose proposals cost a forward pass each: judged sooner."""
 _GATE_MIN_RATE = 0.25
 """Below this acceptance (over a window) a request stops speculating for a while."""
 _GATE_PAUSE = 16
@@ -176,6 +178,7 @@ class Speculator:
         self.stats = SpeculationStats()
         self.draft: DraftModel | None = draft(self.max_batch) if draft is not None else None
         """The draft model (``method: draft_model``), or None: n-gram prompt lookup."""
+        self.window = _GATE_WINDOW if self.draft is None else _DRAFT_GATE_WINDOW
         self.lock = threading.Lock()
         self.plan: dict[str, list[int]] = {}
         self.gates: dict[str, _Gate] = {}
@@ -399,7 +402,7 @@ class Speculator:
             return
         gate.drafted += drafted
         gate.accepted += accepted
-        if gate.drafted < _GATE_WINDOW:
+        if gate.drafted < self.window:
             return
         if gate.accepted < _GATE_MIN_RATE * gate.drafted:
             gate.pause = gate.next_pause
