@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lmforge.local import component_actions, iam_ext, moto_ext
+from lmforge.local import autoscaling_ext, component_actions, iam_ext, moto_ext
 from lmforge.local.ecr import patches as ecr_patches
 from lmforge.local.inference_components import components
 from lmforge.local.moto_patch import TESTED_MOTO, Patch, Reach, apply, check, missing, original
@@ -38,11 +38,31 @@ def fake_moto() -> Iterator[str]:
 
 
 def test_the_pinned_moto_has_every_attribute_the_patches_reach() -> None:
-    for reaches in (moto_ext.REACHES, component_actions.REACHES, ecr_patches.REACHES, iam_ext.REACHES):
+    for reaches in (
+        moto_ext.REACHES,
+        component_actions.REACHES,
+        ecr_patches.REACHES,
+        iam_ext.REACHES,
+        autoscaling_ext.REACHES,
+    ):
         assert missing(reaches) == []
     moto_ext.check_compatible()
     ecr_patches.check_compatible()
     iam_ext.check_compatible()
+    autoscaling_ext.check_compatible()
+
+
+def test_a_missing_application_auto_scaling_attribute_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The patch that admits sagemaker:inference-component:DesiredCopyCount replaces a moto function:
+    one renamed upstream fails the start, naming it and the version tested."""
+    from lmforge.errors import LmforgeError
+    from lmforge.reachins import resolve
+
+    monkeypatch.delattr(resolve("moto.applicationautoscaling.models"), "_target_params_are_valid")
+    with pytest.raises(LmforgeError, match=rf"_target_params_are_valid.*{TESTED_MOTO}"):
+        autoscaling_ext.check_compatible()
 
 
 def test_a_missing_attribute_is_named_with_the_tested_version(fake_moto: str) -> None:
