@@ -13,6 +13,11 @@ of a request (its latency over its tokens, prefill included), and, from the spec
 accepted length (tokens a speculating request-step emitted: accepted drafts + 1). Medians over rounds.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative [--rounds 2] [--max-tokens 96]
+
+``--proposer draft_model`` measures the draft-model proposer instead (:data:`DRAFT_SPECULATION`): the
+draft is SmolLM2-135M's first ``--draft-layers`` decoder layers with its embeddings, final norm and LM
+head (:func:`lmforge.models.truncate.write_truncated_model`: no training), written as a model folder of
+its own; ``--concurrency 1 8`` limits the runs. Its result is ``speculative-draft-smollm2-135m.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ NAME = "speculative-smollm2-135m"
 CONCURRENCIES = (1, 8, 32)
 REQUESTS = {1: 4, 8: 16, 32: 32}
 SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+DRAFT_NAME = "speculative-draft-smollm2-135m"
+DRAFT_SPECULATION = {"method": "draft_model", "num_speculative_tokens": 4, "model": "draft"}
+"""The draft-model proposer: ``model`` is the ``draft/`` folder inside the model folder."""
+DRAFT_LAYERS = 8
+"""SmolLM2-135M's first 8 of 30 decoder layers (the embeddings and LM head, 28 M of its 135 M
+parameters, are the draft's too)."""
 TARGET_GROUNDED_C1 = 1.8
 """The issue's goal: input-grounded output tok/s at concurrency 1, on / off."""
 TARGET_NO_LOSS = 0.98
@@ -134,7 +145,8 @@ def _counters(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=30).text
     out = {}
     for line in text.splitlines():
-        if line.startswith("lmforge_engine_speculative_") and not line.startswith("#"):
+        # the engine's series (the per-proposer ones, speculative_proposer_*{proposer=...}, equal them)
+        if line.startswith("lmforge_engine_speculative_") and "{" not in line:
             key, value = line.split()[0], line.split()[-1]
             out[key.removeprefix("lmforge_engine_speculative_")] = float(value)
     return out
@@ -177,7 +189,7 @@ def measure(
     url: str, prompts: list[str], concurrency: int, max_tokens: int, speculating: bool
 ) -> dict[str, Any]:
     before = _counters(url) if speculating else {}
-    rec = asyncio.run(_run(url, prompts, concurrency, REQUESTS[concurrency], max_tokens))
+    rec = asyncio.run(_run(url, prompts, concurrency, REQUESTS.get(concurrency, concurrency), max_tokens))
     if speculating:
         after = _counters(url)
         delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -193,11 +205,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{NAME}.json")
+    parser.add_argument("--proposer", choices=("ngram", "draft_model"), default="ngram")
+    parser.add_argument("--draft-layers", type=int, default=DRAFT_LAYERS)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES))
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    draft = args.proposer == "draft_model"
+    name = DRAFT_NAME if draft else NAME
+    spec = DRAFT_SPECULATION if draft else SPECULATION
+    out = args.out or RESULTS / f"{name}.json"
+    concurrencies = tuple(args.concurrency)
     started = time.monotonic()
     runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {
-        w: {c: {"off": [], "on": []} for c in CONCURRENCIES} for w in WORKLOADS
+        w: {c: {"off": [], "on": []} for c in concurrencies} for w in WORKLOADS
     }
     properties = (
         "option.rolling_batch=lmi-dist\noption.dtype=fp32\noption.max_rolling_batch_size=32\n"
@@ -210,8 +230,12 @@ def main() -> None:
         (off_dir / "serving.properties").write_text(properties)
         on_dir = tmp / "on"
         shutil.copytree(off_dir, on_dir)
+        if draft:
+            from lmforge.models.truncate import write_truncated_model
+
+            write_truncated_model(off_dir, on_dir / "draft", args.draft_layers)
         (on_dir / "serving.properties").write_text(
-            properties + f"option.speculative_config={json.dumps(SPECULATION)}\n"
+            properties + f"option.speculative_config={json.dumps(spec)}\n"
         )
         env = server_env(tmp / "cache")
         with lmforge_server(off_dir, env) as off, lmforge_server(on_dir, env) as on:
@@ -220,7 +244,7 @@ def main() -> None:
                 measure(url, WORKLOADS["open-chat"], 1, 16, label == "on")
             for r in range(args.rounds):
                 for workload, prompts in WORKLOADS.items():
-                    for c in CONCURRENCIES:
+                    for c in concurrencies:
                         order = ["off", "on"] if r % 2 == 0 else ["on", "off"]
                         for label in order:
                             rec = measure(urls[label], prompts, c, args.max_tokens, label == "on")
@@ -239,7 +263,7 @@ def main() -> None:
                             )
     rows = []
     for workload in WORKLOADS:
-        for c in CONCURRENCIES:
+        for c in concurrencies:
             got = runs[workload][c]
             med = {k: statistics.median(x["output_throughput"] for x in v) for k, v in got.items()}
             rows.append(
@@ -255,13 +279,20 @@ def main() -> None:
                     "ratio": med["on"] / med["off"],
                 }
             )
+    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative"
+    if draft:
+        command += f" --proposer draft_model --draft-layers {args.draft_layers}"
+    if concurrencies != CONCURRENCIES:
+        command += " --concurrency " + " ".join(map(str, concurrencies))
     result = {
-        "name": NAME,
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative",
+        "name": name,
+        "command": command,
         "rows": rows,
         "settings": {
             "model": DESCRIPTIONS[SMOLLM2],
-            "speculative_config": SPECULATION,
+            "proposer": args.proposer,
+            **({"draft": f"SmolLM2-135M's first {args.draft_layers} of 30 decoder layers"} if draft else {}),
+            "speculative_config": spec,
             "properties": properties.strip().splitlines(),
             "requests": REQUESTS,
             "max_tokens": args.max_tokens,
@@ -272,7 +303,7 @@ def main() -> None:
         "wall_s": round(time.monotonic() - started, 1),
         "runs": {w: {str(c): v for c, v in x.items()} for w, x in runs.items()},
     }
-    record.write(args.out, result, section)
+    record.write(out, result, section)
     print(report(result))
 
 
@@ -292,9 +323,13 @@ def report(result: dict[str, Any]) -> str:
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
     requests = ", ".join(f"{n} at {c}" for c, n in s["requests"].items())
     head = "| workload | concurrency | out tok/s off / on | on / off | ms per token off / on | acceptance |"
-    return f"""## Speculative decoding on LMI-Dist, smollm2-135m (`bench/speculative.py`)
+    proposer = s.get("proposer", "ngram")
+    title = ", a draft model proposing" if proposer == "draft_model" else ""
+    draft = f"The draft: {s['draft']} (no training), its own model folder.\n" if s.get("draft") else ""
+    return f"""## Speculative decoding on LMI-Dist{title}, smollm2-135m (`bench/speculative.py`)
 
-{s["model"]} on LMI-Dist through `lmforge serve`, greedy chat requests of {s["max_tokens"]} tokens at most,
+{draft}{s["model"]} on LMI-Dist through `lmforge serve`, greedy chat requests of {s["max_tokens"]} tokens
+at most,
 two servers at once (speculation off, and `option.speculative_config={json.dumps(s["speculative_config"])}`),
 loaded alternately for {s["rounds"]} rounds, medians; requests per run {requests}.
 Input-grounded: rewrite or repeat code that is in the prompt; open chat: answers not in the prompt.
@@ -309,26 +344,29 @@ emitted (accepted drafts + 1). Result:
 
 
 def section(result: dict[str, Any]) -> dict[str, Any]:
+    proposer = result["settings"].get("proposer", "ngram")
+    which = "draft model" if proposer == "draft_model" else "n-gram"
     grounded = _row(result, "input-grounded", 1)["ratio"]
     chat = min(r["ratio"] for r in result["rows"] if r["workload"] == "open-chat")
     summary = [
         record.summary_row(
-            "Speculation (n-gram), input-grounded c=1: on / off output tok/s", grounded, TARGET_GROUNDED_C1
+            f"Speculation ({which}), input-grounded c=1: on / off output tok/s", grounded, TARGET_GROUNDED_C1
         ),
         record.summary_row(
-            "Speculation (n-gram), open chat, lowest over concurrencies: on / off", chat, TARGET_NO_LOSS
+            f"Speculation ({which}), open chat, lowest over concurrencies: on / off", chat, TARGET_NO_LOSS
         ),
     ]
     top = [r["ratio"] for r in result["rows"] if r["concurrency"] == max(CONCURRENCIES)]
     if top:
         summary.append(
             record.summary_row(
-                f"Speculation (n-gram), c={max(CONCURRENCIES)}, lowest workload: on / off",
+                f"Speculation ({which}), c={max(CONCURRENCIES)}, lowest workload: on / off",
                 min(top),
                 TARGET_NO_LOSS,
             )
         )
-    return record.section(record.ORDER["speculative"], report(result), summary)
+    order = record.ORDER["speculative"] + (1 if proposer == "draft_model" else 0)
+    return record.section(order, report(result), summary)
 
 
 if __name__ == "__main__":
