@@ -380,7 +380,7 @@ def test_gptq_checkpoint_is_compressed_tensors_pack_quantized_with_its_calibrati
 ) -> None:
     from safetensors import safe_open
 
-    from lmforge.engines.trtllm.calibration import fingerprint
+    from lmforge.quantize.calibration import fingerprint
     from lmforge.quantize.start_check import decide
 
     qc = quantization_config(gptq_quantized)

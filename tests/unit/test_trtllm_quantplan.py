@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from lmforge.config import ServingConfig
-from lmforge.engines.trtllm import calibration
 from lmforge.engines.trtllm.buildplan import BuildPlanError
 from lmforge.engines.trtllm.plan import make_plan
 from lmforge.engines.trtllm.quantplan import QuantPlan, make_quant_plan
 from lmforge.engines.trtllm.version_gate import choose, path_for, release
+from lmforge.quantize import calibration
 
 HF = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32, "max_position_embeddings": 8192}
 

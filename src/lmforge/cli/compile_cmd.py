@@ -183,7 +183,7 @@ def _compile_quantized(request: CompileRequest) -> None:
 
         calibration = None
         if chosen.needs_calibration:
-            from lmforge.engines.trtllm.calibration import fingerprint
+            from lmforge.quantize.calibration import fingerprint
 
             label, count, digest = fingerprint("")
             calibration = f"{label}: {count} prompts, sha256 {digest}"

@@ -14,7 +14,7 @@ layers before it, as the reference implementation does: one forward pass instead
 for a small loss of accuracy (measured in docs/quantization.md).
 
 The calibration set is the one lmforge ships for TensorRT-LLM's ModelOpt path
-(:mod:`lmforge.engines.trtllm.calibration`: ~300 short prompts, nothing downloaded), concatenated into
+(:mod:`lmforge.quantize.calibration`: ~300 short prompts, nothing downloaded), concatenated into
 sequences of :data:`SEQ_LEN` tokens. Its digest goes into the manifest.
 
 The group size is the largest of 128, 64 and 32 that divides every quantized layer's input width

@@ -152,8 +152,8 @@ def _write(
     if name == "gptq":
         from transformers import AutoTokenizer
 
-        from lmforge.engines.trtllm.calibration import fingerprint, load_prompts
         from lmforge.quantize import gptq
+        from lmforge.quantize.calibration import fingerprint, load_prompts
 
         modules = dict(model.named_modules())
         group = gptq.group_size_for(modules[n].in_features for n in targets)

@@ -140,7 +140,7 @@ def run(plan_path: Path, source: Path, output: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmforge.engines.trtllm.calibration import load_prompts
+    from lmforge.quantize.calibration import load_prompts
 
     try:
         import modelopt

@@ -161,8 +161,8 @@ def make_quant_plan(
     device_count: int | None = None,
 ) -> QuantPlan:
     """The >= 1.3 plan for ``config``; :class:`BuildPlanError` lists every problem at once."""
-    from lmforge.engines.trtllm import calibration
     from lmforge.engines.trtllm.plan import _model_config, _tensor_parallel, fingerprint
+    from lmforge.quantize import calibration
 
     opts, problems = parse_pt_options(extra_options)
     hf = _model_config(config)
