@@ -72,7 +72,12 @@ WAYS = (
 CHOSEN = "int8 per-token fbgemm, fixed range"
 
 
-def _ways(torch: Any, w: Any, rows: int) -> dict[str, Callable[[Any], Any]]:
+#: a scenario's kernels for one weight ``w`` (out x in) at ``rows``: each way's call, and for the ways not
+#: checked against ``w`` itself the weight their error is measured against
+Ways = Callable[[Any, Any, int], tuple[dict[str, Callable[[Any], Any]], dict[str, Any]]]
+
+
+def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]], dict[str, Any]]:
     """Each way's call for weight ``w`` (out x in), as a function of the float32 input."""
     import torch.nn.functional as F
 
@@ -126,11 +131,14 @@ def _ways(torch: Any, w: Any, rows: int) -> dict[str, Callable[[Any], Any]]:
         "int8 per-token fbgemm, fixed range": fixed_range,
         "int8 per-token _int_mm": int_mm,
         "int8 weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x, pack8, scale),
-    }
+    }, {}
 
 
-def measure(rounds: int) -> list[dict[str, Any]]:
+def measure(rounds: int, ways: tuple[str, ...] = WAYS, make: Ways = _ways) -> list[dict[str, Any]]:
+    """Each way of ``make`` on every shape and row count: microseconds per call (fastest of the
+    interleaved rounds, weights streamed from memory), speed-ups, error and row invariance."""
     import torch
+    import torch.nn.functional as F
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -139,33 +147,36 @@ def measure(rounds: int) -> list[dict[str, Any]]:
         copies = max(1, -(-STREAM_BYTES // (k * n)))
         for rows in ROWS:
             weights = [torch.randn(n, k) * 0.02 for _ in range(copies)]
-            calls = [_ways(torch, w, rows) for w in weights]
+            made = [make(torch, w, rows) for w in weights]
+            calls = [m[0] for m in made]
             x = torch.randn(rows, k)
-            best = {way: float("inf") for way in WAYS}
+            best = {way: float("inf") for way in ways}
             for _ in range(rounds + 1):  # the first round warms up
-                for way in WAYS:
+                for way in ways:
                     t0 = time.perf_counter()
                     for c in calls:
                         c[way](x)
                     best[way] = min(best[way], (time.perf_counter() - t0) / copies)
             ref = calls[0]["fp32"](x)
+            refs = {way: F.linear(x, weight) for way, weight in made[0][1].items()}
             row: dict[str, Any] = {"in": k, "out": n, "what": what, "rows": rows, "copies": copies}
-            for way in WAYS:
+            for way in ways:
                 y = calls[0][way](x)
                 alone = calls[0][way](x[:1])
+                against = refs.get(way, ref)
                 row[way] = {
                     "us": round(best[way] * 1e6, 1),
                     "vs_fp32": round(best["fp32"] / best[way], 2),
                     "vs_prepacked": round(best["fp32 prepacked"] / best[way], 2),
-                    "error": float(((y - ref).abs().max() / ref.abs().max()).item()),
+                    "error": float(((y - against).abs().max() / against.abs().max()).item()),
                     "row_invariant": bool(torch.equal(alone[0], y[0])),
                 }
             out.append(row)
             print(
-                f"{k}x{n} ({what}) rows {rows}: " + ", ".join(f"{w} {row[w]['us']:.0f}us" for w in WAYS),
+                f"{k}x{n} ({what}) rows {rows}: " + ", ".join(f"{w} {row[w]['us']:.0f}us" for w in ways),
                 flush=True,
             )
-            del weights, calls
+            del weights, calls, made
     return out
 
 
@@ -197,18 +208,25 @@ def main() -> int:
     return 0
 
 
-def report(result: dict[str, Any]) -> str:
-    head = ["shape (in x out)", "rows", *WAYS]
+def table(result: dict[str, Any], ways: tuple[str, ...], error_format: str) -> tuple[str, str]:
+    """The markdown table of a kernels result (microseconds, speed-up over fp32, † where a row is not
+    the same alone and in the batch) and each way's largest error as text."""
+    head = ["shape (in x out)", "rows", *ways]
     lines = []
     for r in result["rows"]:
         cells = [f"{r['in']}x{r['out']} ({r['what']})", str(r["rows"])]
-        for way in WAYS:
+        for way in ways:
             f = r[way]
             mark = "" if f["row_invariant"] else " †"
             cells.append(f"{f['us']:.0f} ({f['vs_fp32']:.2f}x){mark}")
         lines.append(cells)
-    errors = {way: max(r[way]["error"] for r in result["rows"]) for way in WAYS}
-    error_text = ", ".join(f"{way} {e:.3f}" for way, e in errors.items())
+    errors = {way: max(r[way]["error"] for r in result["rows"]) for way in ways}
+    error_text = ", ".join(f"{way} {e:{error_format}}" for way, e in errors.items())
+    return record.table(head, lines), error_text
+
+
+def report(result: dict[str, Any]) -> str:
+    rows_table, error_text = table(result, WAYS, ".3f")
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
     return f"""## Int8 linear kernels on this CPU (`bench/quant_kernels.py`)
 
@@ -222,7 +240,7 @@ Chosen for LMI-Dist's W8A8 layers: **{result["chosen"]}** (the fastest way that 
 the same bits alone and in a batch, and the per-token scheme compressed-tensors' W8A8 checkpoints
 declare). Result: `bench/results/{result["name"]}.json`.
 
-{record.table(head, lines)}
+{rows_table}
 {notes}"""
 
 

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bench import record
-from bench.quant_kernels import ROWS, SHAPES, STREAM_BYTES
+from bench.quant_kernels import ROWS, STREAM_BYTES, table
+from bench.quant_kernels import measure as measure_ways
 
 NAME = "quant-kernels-int4"
 GROUP = 64
@@ -50,8 +51,9 @@ WAYS = (
 CHOSEN = "int4pack bf16"
 
 
-def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]], Any]:
-    """Each way's call for weight ``w`` (out x in), and the dequantized int4 weight."""
+def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]], dict[str, Any]]:
+    """Each way's call for weight ``w`` (out x in); the int4 ways are checked against the dequantized
+    int4 weight (the kernel's error, not the 4-bit rounding's)."""
     import torch.nn.functional as F
 
     from lmforge.engines.lmi_dist.cpu_linear import Int4Weight, Int8Weight
@@ -81,52 +83,14 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
         "int4pack fp32": int4,
         "int4pack bf16": int4_bf16,
         "int4 unpack + F.linear": unpack,
-    }, deq
+    }, {way: deq for way in WAYS if way.startswith("int4")}
 
 
 def measure(rounds: int) -> list[dict[str, Any]]:
     import torch
-    import torch.nn.functional as F
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    torch.backends.quantized.engine = "x86"
-    out = []
-    for k, n, what in SHAPES:
-        copies = max(1, -(-STREAM_BYTES // (k * n)))
-        for rows in ROWS:
-            weights = [torch.randn(n, k) * 0.02 for _ in range(copies)]
-            made = [_ways(torch, w, rows) for w in weights]
-            calls = [m[0] for m in made]
-            x = torch.randn(rows, k)
-            best = {way: float("inf") for way in WAYS}
-            for _ in range(rounds + 1):  # the first round warms up
-                for way in WAYS:
-                    t0 = time.perf_counter()
-                    for c in calls:
-                        c[way](x)
-                    best[way] = min(best[way], (time.perf_counter() - t0) / copies)
-            ref = calls[0]["fp32"](x)
-            ref4 = F.linear(x, made[0][1])
-            row: dict[str, Any] = {"in": k, "out": n, "what": what, "rows": rows, "copies": copies}
-            for way in WAYS:
-                y = calls[0][way](x)
-                alone = calls[0][way](x[:1])
-                against = ref4 if way.startswith("int4") else ref
-                row[way] = {
-                    "us": round(best[way] * 1e6, 1),
-                    "vs_fp32": round(best["fp32"] / best[way], 2),
-                    "vs_prepacked": round(best["fp32 prepacked"] / best[way], 2),
-                    "error": float(((y - against).abs().max() / against.abs().max()).item()),
-                    "row_invariant": bool(torch.equal(alone[0], y[0])),
-                }
-            out.append(row)
-            print(
-                f"{k}x{n} ({what}) rows {rows}: " + ", ".join(f"{w} {row[w]['us']:.0f}us" for w in WAYS),
-                flush=True,
-            )
-            del weights, calls, made
-    return out
+    torch.backends.quantized.engine = "x86"  # the W8A8 reference way's fbgemm
+    return measure_ways(rounds, WAYS, _ways)
 
 
 def main() -> int:
@@ -159,17 +123,7 @@ def main() -> int:
 
 
 def report(result: dict[str, Any]) -> str:
-    head = ["shape (in x out)", "rows", *WAYS]
-    lines = []
-    for r in result["rows"]:
-        cells = [f"{r['in']}x{r['out']} ({r['what']})", str(r["rows"])]
-        for way in WAYS:
-            f = r[way]
-            mark = "" if f["row_invariant"] else " †"
-            cells.append(f"{f['us']:.0f} ({f['vs_fp32']:.2f}x){mark}")
-        lines.append(cells)
-    errors = {way: max(r[way]["error"] for r in result["rows"]) for way in WAYS}
-    error_text = ", ".join(f"{way} {e:.1e}" for way, e in errors.items())
+    rows_table, error_text = table(result, WAYS, ".1e")
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
     return f"""## Int4 weight-only linear kernels on this CPU (`bench/quant_kernels_int4.py`)
 
@@ -180,7 +134,7 @@ against the float32 product with the dequantized weight; the others against fp32
 Chosen for LMI-Dist's GPTQ layers: **{result["chosen"]}** (the only int4 way not slower than fp32; its
 float32 path is a slow fallback here). Result: `bench/results/{result["name"]}.json`.
 
-{record.table(head, lines)}
+{rows_table}
 {notes}"""
 
 
