@@ -30,8 +30,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +38,7 @@ from typing import Any
 
 from bench import record
 from bench.models import DESCRIPTIONS, SMOLLM2, TINY, write_model
+from bench.scale_out import lmforge
 
 RESULTS = record.RESULTS
 INSTANCE_TYPE = "ml.m5.xlarge"
@@ -53,15 +52,6 @@ option.max_model_len=1024
 BODY = json.dumps({"inputs": "def fibonacci(n):", "parameters": {"max_new_tokens": 8}})
 #: what each component reserves per copy (an ml.m5.xlarge has 4 vCPUs and 16 GiB)
 COMPONENTS = {"smollm2": (SMOLLM2, "1", "3072"), "tiny": (TINY, "1", "1024")}
-
-
-def lmforge(*args: str, env: dict[str, str], timeout: float = 1800) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lmforge", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"lmforge {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc.stdout + proc.stderr
 
 
 def wait_copies(sm: Any, name: str, count: int, timeout: float = 600) -> float:
