@@ -87,6 +87,21 @@ def _differences(want: dict, got: dict) -> list[str]:
     return out
 
 
+def _served(tiny_model: Path, loop: asyncio.AbstractEventLoop, **env: str) -> tuple[dict, dict, dict]:
+    """Every case alone and in a crowd on a new engine with ``env``, and its metrics after them."""
+    engine = make_engine(tiny_model, loop, **env)
+    try:
+        alone, crowd = _run_all(engine, loop)
+        return alone, crowd, engine.stats().metrics()
+    finally:
+        loop.run_until_complete(engine.shutdown())
+
+
+def _same_events(want: dict, want_crowd: dict, got: dict, got_crowd: dict) -> list[str]:
+    """What differs from ``want`` (without speculation, alone) in the three other runs."""
+    return _differences(want, got) + _differences(want, want_crowd) + _differences(want, got_crowd)
+
+
 def _run_all(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> tuple[dict, dict]:
     cases = [(f"{name}-{i}", params, p) for name, params in PARAMS.items() for i, p in enumerate(PROMPTS)]
 
@@ -103,18 +118,9 @@ def _run_all(engine: LmiDistEngine, loop: asyncio.AbstractEventLoop) -> tuple[di
 def test_speculation_gives_the_same_events_as_without(
     tiny_model: Path, loop: asyncio.AbstractEventLoop
 ) -> None:
-    off = make_engine(tiny_model, loop)
-    try:
-        want, want_crowd = _run_all(off, loop)
-    finally:
-        loop.run_until_complete(off.shutdown())
-    on = make_engine(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=SPEC)
-    try:
-        got, got_crowd = _run_all(on, loop)
-        metrics = on.stats().metrics()
-    finally:
-        loop.run_until_complete(on.shutdown())
-    problems = _differences(want, got) + _differences(want, want_crowd) + _differences(want, got_crowd)
+    want, want_crowd, _ = _served(tiny_model, loop)
+    got, got_crowd, metrics = _served(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=SPEC)
+    problems = _same_events(want, want_crowd, got, got_crowd)
     assert not problems, "\n".join(problems[:20])
     # the tiny model's random weights rarely repeat themselves: drafts are proposed (and rejected);
     # accepted ones are tested on SmolLM2 (tests/integration/test_same_answer.py)

@@ -21,7 +21,7 @@ import pytest
 from lmforge.engines.protocol import FinishReason, SamplingParams
 from lmforge.errors import EngineDeadError
 from lmforge.models.truncate import write_truncated_model
-from tests.integration.test_lmi_dist_speculative import _differences, _run_all
+from tests.integration.test_lmi_dist_speculative import _same_events, _served
 from tests.unit.test_lmi_dist_engine import collect, make_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("lmi-dist-engine")]
@@ -57,11 +57,8 @@ def drafts(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 @pytest.fixture(scope="module")
 def without(tiny_model: Path, loop: asyncio.AbstractEventLoop) -> tuple[dict, dict]:
-    off = make_engine(tiny_model, loop)
-    try:
-        return _run_all(off, loop)
-    finally:
-        loop.run_until_complete(off.shutdown())
+    want, want_crowd, _ = _served(tiny_model, loop)
+    return want, want_crowd
 
 
 @pytest.mark.parametrize("which", ["whole", "one-layer"])
@@ -73,13 +70,8 @@ def test_draft_speculation_gives_the_same_events_as_without(
     which: str,
 ) -> None:
     want, want_crowd = without
-    on = make_engine(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=_spec(drafts[which]))
-    try:
-        got, got_crowd = _run_all(on, loop)
-        metrics = on.stats().metrics()
-    finally:
-        loop.run_until_complete(on.shutdown())
-    problems = _differences(want, got) + _differences(want, want_crowd) + _differences(want, got_crowd)
+    got, got_crowd, metrics = _served(tiny_model, loop, OPTION_SPECULATIVE_CONFIG=_spec(drafts[which]))
+    problems = _same_events(want, want_crowd, got, got_crowd)
     assert not problems, "\n".join(problems[:20])
     proposed = metrics["speculative_proposed_tokens_total"]
     accepted = metrics["speculative_accepted_tokens_total"]

@@ -30,17 +30,22 @@ PROMPTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """`lmforge compile --quantize w8a8` on the tiny model (its own CLI, as a user runs it)."""
+def _compile(tmp_path_factory: pytest.TempPathFactory, model: Path, method: str) -> Path:
+    """`lmforge compile --quantize METHOD` on ``model`` (its own CLI, as a user runs it)."""
     from click.testing import CliRunner
 
     from lmforge.cli import main
 
-    out = tmp_path_factory.mktemp("w8a8") / "tiny-w8a8"
-    result = CliRunner().invoke(main, ["compile", str(tiny_model), "--quantize", "w8a8", "-o", str(out)])
+    out = tmp_path_factory.mktemp(method) / f"tiny-{method}"
+    result = CliRunner().invoke(main, ["compile", str(model), "--quantize", method, "-o", str(out)])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """`lmforge compile --quantize w8a8` on the tiny model."""
+    return _compile(tmp_path_factory, tiny_model, "w8a8")
 
 
 @pytest.fixture(scope="module")
@@ -154,14 +159,7 @@ def test_a_checkpoint_with_a_float_lm_head_serves_it_in_float(tmp_path: Path, ti
 @pytest.fixture(scope="module")
 def gptq_compiled(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """`lmforge compile --quantize gptq` on the tiny model (calibrated on lmforge's own prompt set)."""
-    from click.testing import CliRunner
-
-    from lmforge.cli import main
-
-    out = tmp_path_factory.mktemp("gptq") / "tiny-gptq"
-    result = CliRunner().invoke(main, ["compile", str(tiny_model), "--quantize", "gptq", "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    return out
+    return _compile(tmp_path_factory, tiny_model, "gptq")
 
 
 @pytest.fixture(scope="module")
