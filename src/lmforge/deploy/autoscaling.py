@@ -88,29 +88,35 @@ def current(aas: Any, endpoint_name: str, variant: str) -> tuple[dict[str, Any],
     return targets[0], policies
 
 
-def register(aas: Any, endpoint_name: str, variant: str, scale: Autoscale, echo: Echo = print) -> None:
-    """Register the variant as a scalable target with a target-tracking policy (replacing any)."""
-    rid = resource_id(endpoint_name, variant)
+def _track(aas: Any, rid: str, dimension: str, metric: str, policy: str, scale: Autoscale) -> None:
+    """Register ``rid``'s ``dimension`` as a scalable target with a target-tracking policy on the
+    predefined ``metric`` (replacing any)."""
     aas.register_scalable_target(
         ServiceNamespace=NAMESPACE,
         ResourceId=rid,
-        ScalableDimension=DIMENSION,
+        ScalableDimension=dimension,
         MinCapacity=scale.min_capacity,
         MaxCapacity=scale.max_capacity,
     )
     aas.put_scaling_policy(
-        PolicyName=policy_name(endpoint_name, variant),
+        PolicyName=policy,
         ServiceNamespace=NAMESPACE,
         ResourceId=rid,
-        ScalableDimension=DIMENSION,
+        ScalableDimension=dimension,
         PolicyType="TargetTrackingScaling",
         TargetTrackingScalingPolicyConfiguration={
             "TargetValue": scale.target_invocations,
-            "PredefinedMetricSpecification": {"PredefinedMetricType": METRIC},
+            "PredefinedMetricSpecification": {"PredefinedMetricType": metric},
             "ScaleInCooldown": scale.scale_in_cooldown_s,
             "ScaleOutCooldown": scale.scale_out_cooldown_s,
         },
     )
+
+
+def register(aas: Any, endpoint_name: str, variant: str, scale: Autoscale, echo: Echo = print) -> None:
+    """Register the variant as a scalable target with a target-tracking policy (replacing any)."""
+    rid = resource_id(endpoint_name, variant)
+    _track(aas, rid, DIMENSION, METRIC, policy_name(endpoint_name, variant), scale)
     echo(
         f"autoscaling {rid}: {scale.min_capacity} to {scale.max_capacity} instances, target "
         f"{scale.target_invocations:g} invocations per instance per minute"
@@ -185,26 +191,7 @@ def register_component(
     and, with a minimum of 0, the step policy and alarm that scale it from zero (replacing any)."""
     rid = component_resource_id(component)
     tracking, from_zero, alarm = component_names(component)
-    aas.register_scalable_target(
-        ServiceNamespace=NAMESPACE,
-        ResourceId=rid,
-        ScalableDimension=COMPONENT_DIMENSION,
-        MinCapacity=scale.min_capacity,
-        MaxCapacity=scale.max_capacity,
-    )
-    aas.put_scaling_policy(
-        PolicyName=tracking,
-        ServiceNamespace=NAMESPACE,
-        ResourceId=rid,
-        ScalableDimension=COMPONENT_DIMENSION,
-        PolicyType="TargetTrackingScaling",
-        TargetTrackingScalingPolicyConfiguration={
-            "TargetValue": scale.target_invocations,
-            "PredefinedMetricSpecification": {"PredefinedMetricType": COMPONENT_METRIC},
-            "ScaleInCooldown": scale.scale_in_cooldown_s,
-            "ScaleOutCooldown": scale.scale_out_cooldown_s,
-        },
-    )
+    _track(aas, rid, COMPONENT_DIMENSION, COMPONENT_METRIC, tracking, scale)
     extra = ""
     if scale.min_capacity == 0:
         step = aas.put_scaling_policy(
