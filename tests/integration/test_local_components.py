@@ -73,6 +73,39 @@ def invoke(smr: Any, endpoint: str, component: str) -> dict[str, Any]:
     return dict(json.loads(answer["Body"].read()))
 
 
+class Invoking:
+    """A client invoking ``component`` in a loop on a thread of its own for as long as the block
+    lasts, keeping every answer and every failure (each failure is the test's finding)."""
+
+    def __init__(self, smr: Any, endpoint: str, component: str) -> None:
+        import threading
+
+        self.answers: list[str] = []
+        self.failures: list[Exception] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(smr, endpoint, component))
+
+    def _run(self, smr: Any, endpoint: str, component: str) -> None:
+        while not self._done.is_set():
+            try:
+                self.answers.append(invoke(smr, endpoint, component)["generated_text"])
+            except Exception as exc:  # every failure is the test's finding
+                self.failures.append(exc)
+
+    def more(self, count: int) -> None:
+        """Wait for ``count`` more answers (a failure ends the wait: it is the finding)."""
+        target = len(self.answers) + count
+        eventually(lambda: self.failures or len(self.answers) >= target, timeout=120, interval=0.05)
+
+    def __enter__(self) -> Invoking:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(60)
+
+
 @pytest.fixture(scope="module")
 def model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return handler_model(tiny_model, tmp_path_factory.mktemp("components") / "model")
@@ -410,7 +443,6 @@ def test_an_update_replaces_copies_without_a_failed_request(
 ) -> None:
     """``UpdateInferenceComponent`` with a new specification while a client keeps invoking: the new
     copies start beside the old ones and take the traffic before those stop, so no request fails."""
-    import threading
 
     sm, smr, s3 = clients["sagemaker"], clients["sagemaker-runtime"], clients["s3"]
     role = local["LMFORGE_ROLE_ARN"]
@@ -429,20 +461,7 @@ def test_an_update_replaces_copies_without_a_failed_request(
     )
     wait_copies(sm, "ic-roll", 2)
     old = {r["port"] for r in copies(local, "rolling")}
-    answers: list[str] = []
-    failures: list[Exception] = []
-    done = threading.Event()
-
-    def client() -> None:
-        while not done.is_set():
-            try:
-                answers.append(invoke(smr, "rolling", "ic-roll")["generated_text"])
-            except Exception as exc:  # every failure is the test's finding
-                failures.append(exc)
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    try:
+    with Invoking(smr, "rolling", "ic-roll") as load:
         env = {"Environment": {"ROLLING": "2"}}
         sm.update_inference_component(
             InferenceComponentName="ic-roll", Specification={**spec, "Container": env}
@@ -453,14 +472,9 @@ def test_an_update_replaces_copies_without_a_failed_request(
             return not {r["port"] for r in now} & old and len(now) == 2
 
         eventually(replaced, timeout=120, state=lambda: copies(local, "rolling"))
-        count = len(answers)
-        # the new copies answer too (a failure ends the wait: it is the finding)
-        eventually(lambda: failures or len(answers) >= count + 5, timeout=120, interval=0.05)
-    finally:
-        done.set()
-        thread.join(60)
-    assert failures == []
-    assert set(answers) == {"xxx"}
+        load.more(5)  # the new copies answer too
+    assert load.failures == []
+    assert set(load.answers) == {"xxx"}
     desc = sm.describe_inference_component(InferenceComponentName="ic-roll")
     assert desc["InferenceComponentStatus"] == "InService" and "FailureReason" not in desc
     assert desc["Specification"]["Container"]["Environment"] == {"ROLLING": "2"}
@@ -498,26 +512,16 @@ def test_a_rolling_update_goes_batch_by_batch_and_rolls_back_a_failing_one(
         RuntimeConfig={"CopyCount": 3},
     )
     wait_copies(sm, "ic-batched", 3)
-    answers: list[str] = []
-    failures: list[Exception] = []
     seen: list[int] = []
     done = threading.Event()
-
-    def client() -> None:
-        while not done.is_set():
-            try:
-                answers.append(invoke(smr, "batched", "ic-batched")["generated_text"])
-            except Exception as exc:  # every failure is the test's finding
-                failures.append(exc)
 
     def watch() -> None:
         while not done.is_set():
             seen.append(len(copies(local, "batched")))
             done.wait(0.02)
 
-    threads = [threading.Thread(target=client), threading.Thread(target=watch)]
-    for t in threads:
-        t.start()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     policy = {
         "RollingUpdatePolicy": {
             "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1},
@@ -525,53 +529,56 @@ def test_a_rolling_update_goes_batch_by_batch_and_rolls_back_a_failing_one(
         }
     }
     try:
-        old = {r["port"] for r in copies(local, "batched")}
-        sm.update_inference_component(
-            InferenceComponentName="ic-batched",
-            Specification={**spec, "Container": {"Environment": {"GENERATION": "2"}}},
-            DeploymentConfig=policy,
-        )
-
-        def rolled() -> bool:
-            desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
-            now = {r["port"] for r in copies(local, "batched")}
-            return desc["InferenceComponentStatus"] == "InService" and len(now) == 3 and not now & old
-
-        eventually(rolled, timeout=180, state=lambda: copies(local, "batched"))
-        desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
-        assert desc["Specification"]["Container"]["Environment"] == {"GENERATION": "2"}
-        assert desc["LastDeploymentConfig"] == policy
-        assert "FailureReason" not in desc
-
-        # copies of the next specification fail /ping (its model.py raises as it loads): rolled back
-        before = {r["port"] for r in copies(local, "batched")}
-        sm.update_inference_component(
-            InferenceComponentName="ic-batched",
-            Specification={**spec, "ModelName": broken, "Container": {"Environment": {"GENERATION": "3"}}},
-            DeploymentConfig=policy,
-        )
-
-        def settled() -> dict[str, Any] | None:
-            desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
-            return (
-                dict(desc)
-                if desc["InferenceComponentStatus"] == "InService" and desc.get("FailureReason")
-                else None
+        with Invoking(smr, "batched", "ic-batched") as load:
+            old = {r["port"] for r in copies(local, "batched")}
+            sm.update_inference_component(
+                InferenceComponentName="ic-batched",
+                Specification={**spec, "Container": {"Environment": {"GENERATION": "2"}}},
+                DeploymentConfig=policy,
             )
 
-        desc = eventually(
-            settled,
-            timeout=180,
-            state=lambda: sm.describe_inference_component(InferenceComponentName="ic-batched"),
-        )
-        count = len(answers)
-        eventually(lambda: failures or len(answers) >= count + 5, timeout=120, interval=0.05)
+            def rolled() -> bool:
+                desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+                now = {r["port"] for r in copies(local, "batched")}
+                return desc["InferenceComponentStatus"] == "InService" and len(now) == 3 and not now & old
+
+            eventually(rolled, timeout=180, state=lambda: copies(local, "batched"))
+            desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+            assert desc["Specification"]["Container"]["Environment"] == {"GENERATION": "2"}
+            assert desc["LastDeploymentConfig"] == policy
+            assert "FailureReason" not in desc
+
+            # copies of the next specification fail /ping (its model.py raises as it loads): rolled back
+            before = {r["port"] for r in copies(local, "batched")}
+            sm.update_inference_component(
+                InferenceComponentName="ic-batched",
+                Specification={
+                    **spec,
+                    "ModelName": broken,
+                    "Container": {"Environment": {"GENERATION": "3"}},
+                },
+                DeploymentConfig=policy,
+            )
+
+            def settled() -> dict[str, Any] | None:
+                desc = sm.describe_inference_component(InferenceComponentName="ic-batched")
+                return (
+                    dict(desc)
+                    if desc["InferenceComponentStatus"] == "InService" and desc.get("FailureReason")
+                    else None
+                )
+
+            desc = eventually(
+                settled,
+                timeout=180,
+                state=lambda: sm.describe_inference_component(InferenceComponentName="ic-batched"),
+            )
+            load.more(5)
     finally:
         done.set()
-        for t in threads:
-            t.join(60)
-    assert failures == []
-    assert set(answers) == {"xxx"}
+        watcher.join(60)
+    assert load.failures == []
+    assert set(load.answers) == {"xxx"}
     assert max(seen) <= 4, seen  # 3 copies and a batch of 1 beside them
     assert desc["FailureReason"].startswith("Rolled back to the previous specification:"), desc[
         "FailureReason"
