@@ -297,6 +297,8 @@ def mapping_markdown() -> str:
         f"they sleep: {idle_wait.DEFAULT_SPIN_MS:g} ms instead of vLLM's 1 s. While a batch decodes, each",
         "step's message comes sooner and nothing changes; between requests the worker no longer holds its",
         "core (46 requests of 8 tokens, 0.3 s apart, tiny model: 1.6 CPU-s of the worker against 15.2).",
+        "For the rest of vLLM's first second the sleep is in naps of the same limit, so a wake-up vLLM",
+        "drops costs one nap, not vLLM's 5 s recheck (the stall of every stream behind issue 60).",
         f"`{idle_wait.ENV}` sets another limit in milliseconds (`1000` is vLLM's own).",
         "",
         f"Two more CPU-platform plugins save work at a start: `{inspect_here.PLUGIN_NAME}` lets vLLM read",
