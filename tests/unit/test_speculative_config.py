@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.config import ConfigError, ServingConfig, load_config
-from lmforge.config.speculative import MAX_SPECULATIVE_TOKENS, Speculation
+from lmforge.config.speculative import MAX_SPECULATIVE_TOKENS, Speculation, draft_folder, draft_source
 
 
 def _load(tmp_path: Path, text: str = "", **env: str) -> ServingConfig:
@@ -26,7 +26,7 @@ def test_vllm_json_from_properties_and_env(tmp_path: Path) -> None:
     assert spec == Speculation("ngram", 4, 1, 3)
     env = _load(tmp_path, OPTION_SPECULATIVE_CONFIG=text).speculation
     assert env == spec
-    assert spec.to_vllm() == {
+    assert spec.to_vllm(None) == {
         "method": "ngram",
         "num_speculative_tokens": 4,
         "prompt_lookup_min": 1,
@@ -116,3 +116,32 @@ def test_config_show_describes_the_draft_model_folder(tmp_path: Path) -> None:
     text = render_config(load_config(tmp_path, env={}))
     assert f"draft model: {tmp_path / 'nowhere'} (not a model folder" in text
     assert "(not a model folder: no config.json; the engine refuses it at start)" in text
+
+
+def test_a_draft_model_folder_resolves_relative_to_the_model_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One resolver for every engine: a relative draft folder is inside the model folder (LMI-Dist and
+    TensorRT-LLM read draft_folder, vLLM gets draft_source); an absolute one stays; a hub id passes to
+    vLLM as it is unless a folder of that name is in the model folder."""
+    model = tmp_path / "model"
+    (model / "draft").mkdir(parents=True)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # not the model folder: a relative draft must not be read from here
+    assert draft_folder("draft", model) == model / "draft"
+    assert draft_source("draft", model) == str(model / "draft")
+    assert draft_source("./draft", model) == str(model / "draft")
+    assert draft_source(str(tmp_path / "abs"), model) == str(tmp_path / "abs")
+    assert draft_folder("draft", None) == elsewhere / "draft"  # no model folder: the working directory
+    assert draft_source("HuggingFaceTB/SmolLM2-135M", model) == "HuggingFaceTB/SmolLM2-135M"
+    (model / "org" / "tiny").mkdir(parents=True)
+    assert draft_source("org/tiny", model) == str(model / "org" / "tiny")  # a folder wins over a hub id
+    assert draft_source("nowhere", model) == str(model / "nowhere")  # not a hub id: the folder it names
+    for text in (
+        'option.speculative_config={"method": "draft_model", "model": "draft", "num_speculative_tokens": 2}',
+        "option.speculative_draft_model=draft",
+    ):
+        config = _load(model, text + "\n")
+        assert config.speculation is not None
+        assert config.speculation.to_vllm(config.model_dir)["model"] == str(model / "draft")

@@ -144,15 +144,43 @@ def test_speculative_config_passes_to_vllm_and_vllm_cpu_refuses_it(
         "prompt_lookup_min": 1,
         "prompt_lookup_max": 4,
     }
-    legacy = engine_kwargs(_config(tmp_path, speculative_draft_model="/d", speculative_length=2), {})
+    (tmp_path / "draft").mkdir()
+    legacy = engine_kwargs(_config(tmp_path, speculative_draft_model="draft", speculative_length=2), {})
     assert legacy["speculative_config"] == {
         "method": "draft_model",
         "num_speculative_tokens": 2,
-        "model": "/d",
+        "model": str(tmp_path / "draft"),  # relative to the model folder, as LMI-Dist reads it
     }
+    draft = '{"method": "draft_model", "model": "draft", "num_speculative_tokens": 3}'
+    assert engine_kwargs(_config(tmp_path, speculative_config=draft), {})["speculative_config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": str(tmp_path / "draft"),
+    }
+    hub = engine_kwargs(_config(tmp_path, speculative_draft_model="HuggingFaceTB/SmolLM2-135M"), {})
+    assert hub["speculative_config"]["model"] == "HuggingFaceTB/SmolLM2-135M"  # vLLM downloads it
+    with pytest.raises(VllmOptionError, match=r"speculative_config: model=nowhere is neither a folder"):
+        engine_kwargs(_config(tmp_path, speculative_draft_model="nowhere"), {})
     assert "speculative_config" not in engine_kwargs(_config(tmp_path), {})
     monkeypatch.setattr(options, "_cpu_platform", lambda: True)
     with pytest.raises(VllmOptionError, match=r"option.speculative_config .*LMI-Dist serves"):
+        engine_kwargs(_config(tmp_path, speculative_config=text), {})
+    with pytest.raises(VllmOptionError, match=r"option.speculative_config \(draft_model\): vLLM .* CPU"):
+        engine_kwargs(_config(tmp_path, speculative_config=draft), {})
+
+
+def test_vllm_cpu_itself_refuses_speculation_at_start(tmp_path: Path) -> None:
+    """Not patched: the installed vllm-cpu build reports its CPU platform, and the start is refused
+    with the message naming the option and LMI-Dist."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("vllm-cpu")
+    except PackageNotFoundError:
+        pytest.skip("the vllm-cpu build is not the installed vLLM")
+    text = '{"method": "ngram", "num_speculative_tokens": 3}'
+    refused = r"option.speculative_config \(ngram\): vLLM .*option.rolling_batch=lmi-dist"
+    with pytest.raises(VllmOptionError, match=refused):
         engine_kwargs(_config(tmp_path, speculative_config=text), {})
 
 

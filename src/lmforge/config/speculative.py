@@ -15,6 +15,7 @@ engines read the one :class:`Speculation` it returns (``ServingConfig.speculatio
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,16 @@ class Speculation:
     disable_by_batch_size: int | None = None
     """Steps with more running requests than this do not speculate (None: LMI-Dist's own default)."""
 
-    def to_vllm(self) -> dict[str, Any]:
-        """vLLM's ``speculative_config`` dict: the fields that apply to the method."""
+    def to_vllm(self, model_dir: Path | None) -> dict[str, Any]:
+        """vLLM's ``speculative_config`` dict: the fields that apply to the method, a draft ``model``
+        as :func:`draft_source` gives it (a relative folder taken relative to ``model_dir``)."""
         out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.method == "ngram":
             out["prompt_lookup_min"] = self.prompt_lookup_min
             out["prompt_lookup_max"] = self.prompt_lookup_max
         else:
-            out["model"] = self.model
+            assert self.model is not None
+            out["model"] = draft_source(self.model, model_dir)
         if self.disable_by_batch_size is not None:
             out["disable_by_batch_size"] = self.disable_by_batch_size
         return out
@@ -148,6 +151,25 @@ def draft_folder(model: str, model_dir: Path | None) -> Path:
     if not candidate.is_absolute() and model_dir is not None:
         candidate = model_dir / candidate
     return candidate.absolute()
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A Hugging Face hub id (``owner/name``), which vLLM downloads itself."""
+
+
+def draft_source(model: str, model_dir: Path | None) -> str:
+    """The draft model as an engine that can download one (vLLM) takes it: the folder
+    :func:`draft_folder` resolves, as LMI-Dist reads it, unless that folder does not exist and
+    ``model`` is a hub id (``owner/name``), which is passed as it is."""
+    folder = draft_folder(model, model_dir)
+    if folder.is_dir() or not is_hub_id(model):
+        return str(folder)
+    return model
+
+
+def is_hub_id(model: str) -> bool:
+    """``model`` reads as a Hugging Face hub id (``owner/name``, no ``./``, ``~`` or leading ``/``)."""
+    return bool(_HUB_ID.match(model))
 
 
 def describe_draft(folder: Path) -> str:

@@ -84,12 +84,37 @@ MAPPINGS: tuple[OptionMapping, ...] = (
     OptionMapping(
         "speculative_config",
         "speculative_config",
-        lambda _v, c: None if c.speculation is None else c.speculation.to_vllm(),
+        lambda _v, c: None if c.speculation is None else c.speculation.to_vllm(c.model_dir),
     ),
 )
 
 #: Options lmforge itself consumes for this backend; never passed to vLLM.
 _OWN_OPTIONS = frozenset({"entryPoint", "model_dir"})
+
+
+def _speculation_problems(config: ServingConfig) -> list[str]:
+    """What vLLM cannot do with ``option.speculative_config`` (or LMI's ``speculative_draft_model``):
+    speculate on its CPU platform at all, or load a draft model folder that is not there (a relative
+    one is taken relative to the model folder, as LMI-Dist takes it; a hub id vLLM downloads)."""
+    spec = config.speculation
+    if spec is None:
+        return []
+    if _cpu_platform():
+        return [
+            f"option.speculative_config ({spec.method}): vLLM {_version()} cannot speculate on its CPU "
+            "platform; LMI-Dist serves speculative decoding on CPU (option.rolling_batch=lmi-dist)"
+        ]
+    if spec.model is None:
+        return []
+    from lmforge.config.speculative import draft_source, is_hub_id
+
+    source = draft_source(spec.model, config.model_dir)
+    if is_hub_id(source) or Path(source).is_dir():
+        return []
+    return [
+        f"option.speculative_config: model={spec.model} is neither a folder (no {source}; a relative "
+        "path is taken relative to the model folder) nor a Hugging Face hub id (owner/name)"
+    ]
 
 
 def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
@@ -202,12 +227,7 @@ def engine_kwargs(config: ServingConfig, extra_options: Mapping[str, str]) -> di
             f"option.max_cpu_loras={config.max_cpu_loras} is less than option.max_loras={config.max_loras}: "
             "vLLM keeps every adapter of its slots in host memory too"
         )
-    if config.speculation is not None and _cpu_platform():
-        problems.append(
-            f"option.speculative_config ({config.speculation.method}): vLLM {_version()} cannot "
-            "speculate on its CPU platform; LMI-Dist serves speculative decoding on CPU "
-            "(option.rolling_batch=lmi-dist)"
-        )
+    problems += _speculation_problems(config)
     problems += _quantization_problems(config, Path(model))
     mapped = {m.arg for m in MAPPINGS}
     for name, text in sorted(extra_options.items()):
