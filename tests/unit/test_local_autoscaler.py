@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 
 from lmforge.local.autoscaler import (
-    HIGH_PERIODS,
-    LOW_PERIODS,
     Autoscaler,
     adjusted,
     complete,
@@ -24,6 +22,7 @@ from lmforge.local.autoscaler import (
 )
 from lmforge.local.metrics import Period, Recorder, component_dims, endpoint_dims
 from lmforge.local.routing import Gauge
+from lmforge.local.target_tracking import HIGH_PERIODS, LOW_PERIODS, alarm_requests, alarm_role
 
 WHERE = ("123456789012", "us-west-2")
 
@@ -102,12 +101,30 @@ def test_the_period_setting_is_checked() -> None:
 
 class RecordingAutoscaler(Autoscaler):
     """The evaluator with the control plane's side replaced by a recording stand-in: a resource's
-    capacity is ``self.capacity``, and each change is appended to ``self.changes``."""
+    capacity is ``self.capacity``, each change is appended to ``self.changes``, and the alarms are
+    ``self.alarms`` (each set to the state the evaluator judges)."""
 
     def __init__(self) -> None:
         super().__init__(provisioner=None, control_url="http://unused")
         self.capacity = 1
         self.changes: list[tuple[int, int, str]] = []
+        self.alarms: list[dict[str, Any]] = []
+
+    def _metric_alarms(self, where: Any) -> list[dict[str, Any]]:
+        return self.alarms
+
+    def _set_state(self, where: Any, alarm: dict[str, Any], state: str, value: float | None) -> None:
+        alarm["StateValue"] = state
+
+    def track(self, policy: dict[str, Any], target: dict[str, Any]) -> None:
+        """One period's evaluation of target-tracking ``policy``, with the two alarms the control plane
+        creates with it (made on its first period)."""
+        if "Alarms" not in policy:
+            config = policy["TargetTrackingScalingPolicyConfiguration"]
+            made = alarm_requests(policy["PolicyARN"], policy["ResourceId"], config)
+            self.alarms.extend(made)
+            policy["Alarms"] = [{"AlarmName": a["AlarmName"]} for a in made]
+        self._track(WHERE, policy, target, self._judge(WHERE))
 
     def _capacity(self, where: Any, rid: str, dim: str) -> int | None:
         return self.capacity
@@ -142,25 +159,51 @@ TRACKING = {
 TARGET = {"MinCapacity": 0, "MaxCapacity": 4}
 
 
+def _states(scaler: RecordingAutoscaler) -> list[tuple[str | None, str | None]]:
+    return [(alarm_role(a["AlarmName"], "inference-component/c"), a.get("StateValue")) for a in scaler.alarms]
+
+
 def test_target_tracking_scales_out_after_high_periods_and_in_after_low_ones() -> None:
     scaler = RecordingAutoscaler()
+    policy = dict(TRACKING)
     for _ in range(HIGH_PERIODS - 1):
         scaler.period(c=25.0)
-        scaler._track(WHERE, TRACKING, TARGET)
+        scaler.track(policy, TARGET)
     assert scaler.changes == []  # not yet: the metric must stay high for HIGH_PERIODS periods
+    assert _states(scaler) == [("High", "OK"), ("Low", "OK")]
     scaler.period(c=25.0)
-    scaler._track(WHERE, TRACKING, TARGET)
+    scaler.track(policy, TARGET)
     assert scaler.changes[-1][:2] == (1, 3)  # ceil(1 * 25 / 10)
+    high = scaler.alarms[0]["AlarmName"]
+    assert high.startswith("TargetTracking-inference-component/c-AlarmHigh-")
+    assert scaler.changes[-1][2].startswith(f"monitor alarm {high} in state ALARM triggered policy per-copy")
     for _ in range(LOW_PERIODS - 1):
         scaler.period(c=0.0)
-        scaler._track(WHERE, TRACKING, TARGET)
+        scaler.track(policy, TARGET)
     assert len(scaler.changes) == 1
+    assert _states(scaler) == [("High", "OK"), ("Low", "OK")]  # 14 low periods of the 15 it needs
     scaler.period(c=0.0)
-    scaler._track(WHERE, TRACKING, TARGET)
+    scaler.track(policy, TARGET)
     assert scaler.changes[-1][:2] == (3, 0)  # to the minimum, 0
+    assert "-AlarmLow-" in scaler.changes[-1][2]
     scaler.period()  # no copy: no value per copy, and target tracking never scales from zero
-    scaler._track(WHERE, TRACKING, TARGET)
+    scaler.track(policy, TARGET)
     assert len(scaler.changes) == 2
+
+
+def test_target_tracking_runs_on_its_own_alarms_only() -> None:
+    """A policy whose alarms are gone (deleted with it) does nothing; without scale-in it has no low
+    alarm."""
+    scaler = RecordingAutoscaler()
+    policy = {**TRACKING, "Alarms": []}
+    for _ in range(HIGH_PERIODS + 1):
+        scaler.period(c=25.0)
+        scaler.track(policy, TARGET)
+    assert scaler.changes == []
+    config = {**TRACKING["TargetTrackingScalingPolicyConfiguration"], "DisableScaleIn": True}  # type: ignore[dict-item]
+    made = alarm_requests("arn:tracking", "inference-component/c", config)
+    assert [a["ComparisonOperator"] for a in made] == ["GreaterThanThreshold"]
+    assert made[0]["AlarmActions"] == ["arn:tracking"] and made[0]["Threshold"] == 10.0
 
 
 def test_target_tracking_keeps_its_cooldown_and_the_maximum() -> None:
@@ -169,11 +212,11 @@ def test_target_tracking_keeps_its_cooldown_and_the_maximum() -> None:
     policy = {**TRACKING, "TargetTrackingScalingPolicyConfiguration": config}
     for _ in range(HIGH_PERIODS):
         scaler.period(c=100.0)
-        scaler._track(WHERE, policy, TARGET)
+        scaler.track(policy, TARGET)
     assert scaler.changes[-1][:2] == (1, 4)  # ceil(10) capped at the maximum
     for _ in range(HIGH_PERIODS * 2):
         scaler.period(c=100.0)
-        scaler._track(WHERE, policy, {"MinCapacity": 0, "MaxCapacity": 8})
+        scaler.track(policy, {"MinCapacity": 0, "MaxCapacity": 8})
     assert len(scaler.changes) == 1  # within the scale-out cooldown
 
 

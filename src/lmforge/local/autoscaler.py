@@ -6,16 +6,18 @@ period of SageMaker's invocation metrics) the :class:`Autoscaler`
 1. takes what the runtime counted (:class:`lmforge.local.metrics.Recorder`), adds what it reads off
    the running copies and instances (``InvocationsPerCopy``, ``InvocationsPerInstance``, requests in
    flight, zeros for idle ones) and publishes it with ``PutMetricData`` to the local CloudWatch;
-2. evaluates the metric alarms of the ``AWS/SageMaker`` namespace on those periods (``Statistic``,
-   ``EvaluationPeriods``, ``DatapointsToAlarm``, ``ComparisonOperator``, ``TreatMissingData``), sets
-   their state with ``SetAlarmState`` and, while one is in ``ALARM``, runs the step-scaling policies
-   its ``AlarmActions`` name (``StepAdjustments`` on the breach, ``AdjustmentType``, ``Cooldown``);
-3. evaluates the target-tracking policies as Application Auto Scaling's own alarms would: a
-   scale-out when the metric is above the target for :data:`HIGH_PERIODS` periods in a row, a
-   scale-in when it is below 90 % of it for :data:`LOW_PERIODS` (AWS: 3 and 15 one-minute
-   datapoints), to ``ceil(capacity * metric / target)`` within the target's ``MinCapacity`` and
-   ``MaxCapacity`` and the policy's cooldowns; a policy never scales from zero (the metric per copy
-   has no value then), which is what the step policy on ``NoCapacityInvocationFailures`` is for.
+2. judges every metric alarm of the ``AWS/SageMaker`` namespace on those periods (``Statistic``,
+   ``EvaluationPeriods``, ``DatapointsToAlarm``, ``ComparisonOperator``, ``TreatMissingData``) as
+   CloudWatch would, and sets its state with ``SetAlarmState``;
+3. runs the step-scaling policies that an alarm in ``ALARM`` names in its ``AlarmActions``
+   (``StepAdjustments`` on the breach, ``AdjustmentType``, ``Cooldown``);
+4. runs each target-tracking policy on its own two alarms, the ones Application Auto Scaling created
+   with it (``TargetTracking-<ResourceId>-AlarmHigh-<uuid>`` and ``-AlarmLow-<uuid>``, named in the
+   policy's ``Alarms``: :mod:`lmforge.local.target_tracking`): while the high one is in ``ALARM`` a
+   scale-out, while the low one is a scale-in, to ``ceil(capacity * metric / target)`` within the
+   target's ``MinCapacity`` and ``MaxCapacity`` and the policy's cooldowns. A policy never scales from
+   zero (the metric per copy has no value then), which is what the step policy on
+   ``NoCapacityInvocationFailures`` is for.
 
 Each change is made through the SageMaker API as Application Auto Scaling makes it
 (``UpdateInferenceComponentRuntimeConfig`` for ``sagemaker:inference-component:DesiredCopyCount``,
@@ -40,42 +42,19 @@ from lmforge.local import ACCOUNT_ID
 from lmforge.local.autoscaling_ext import COMPONENT_PREFIX, COPY_COUNT, record_activity
 from lmforge.local.metrics import NAMESPACE, UNITS, Dims, Period, Where, component_dims, endpoint_dims
 from lmforge.local.routing import Gauge
+from lmforge.local.target_tracking import alarm_role
 
 log = logging.getLogger("lmforge.local.autoscaler")
 
 ENV_PERIOD = "LMFORGE_LOCAL_METRICS_PERIOD_S"
 DEFAULT_PERIOD_S = 60.0
 VARIANT_COUNT = "sagemaker:variant:DesiredInstanceCount"
-#: periods in a row above the target before a target-tracking policy scales out (AWS: 3 datapoints)
-HIGH_PERIODS = 3
-#: periods in a row below 90 % of the target before it scales in (AWS: 15 datapoints)
-LOW_PERIODS = 15
 #: the periods of metrics kept for evaluation
 KEPT_PERIODS = 64
 
-#: predefined target-tracking metrics: type -> (metric name, statistic, dimensions of the resource)
-PREDEFINED: dict[str, tuple[str, str, Callable[[list[str]], Dims]]] = {
-    "SageMakerInferenceComponentInvocationsPerCopy": (
-        "InvocationsPerCopy",
-        "Sum",
-        lambda parts: component_dims(parts[1]),
-    ),
-    "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution": (
-        "ConcurrentRequestsPerCopy",
-        "Average",
-        lambda parts: component_dims(parts[1]),
-    ),
-    "SageMakerVariantInvocationsPerInstance": (
-        "InvocationsPerInstance",
-        "Sum",
-        lambda parts: endpoint_dims(parts[1], parts[3]),
-    ),
-    "SageMakerVariantConcurrentRequestsPerModelHighResolution": (
-        "ConcurrentRequestsPerModel",
-        "Average",
-        lambda parts: endpoint_dims(parts[1], parts[3]),
-    ),
-}
+Judged = dict[str, tuple[dict[str, Any], float | None]]
+"""The alarms judged in one period: name -> (the alarm, as ``DescribeAlarms`` gives it with its new
+``StateValue``; its latest datapoint)."""
 
 #: the invocation metrics an idle endpoint or component publishes as 0
 ZERO_WHEN_IDLE = ("Invocations", "Invocation4XXErrors", "Invocation5XXErrors", "InvocationModelErrors")
@@ -186,8 +165,6 @@ class Autoscaler:
         self._thread: threading.Thread | None = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._history: dict[Where, deque[Period]] = {}
-        self._streaks: dict[str, tuple[int, int]] = {}
-        """Target-tracking policy ARN -> (periods in a row above the target, below 90 % of it)."""
         self._last: dict[tuple[str, str, str], dict[str, float]] = {}
         """(region, resource, dimension) -> when it last scaled "out" and "in" (monotonic)."""
         self._policy_last: dict[str, float] = {}
@@ -256,6 +233,7 @@ class Autoscaler:
 
     # ----- evaluating
     def _evaluate(self, where: Where) -> None:
+        judged = self._judge(where)
         aas = self._client("application-autoscaling", where)
         targets = aas.describe_scalable_targets(ServiceNamespace="sagemaker").get("ScalableTargets", [])
         if not targets:
@@ -267,10 +245,11 @@ class Autoscaler:
             self._within_bounds(where, target)
         step = {p["PolicyARN"]: p for p in policies if p.get("PolicyType") == "StepScaling"}
         if step:
-            self._alarms(where, step, by_resource)
+            self._steps(where, step, by_resource, judged)
         for policy in policies:
             if policy.get("PolicyType") == "TargetTrackingScaling":
-                self._track(where, policy, by_resource[(policy["ResourceId"], policy["ScalableDimension"])])
+                target = by_resource[(policy["ResourceId"], policy["ScalableDimension"])]
+                self._track(where, policy, target, judged)
 
     def _within_bounds(self, where: Where, target: dict[str, Any]) -> None:
         """A capacity outside the target's ``MinCapacity``..``MaxCapacity`` is brought into it."""
@@ -286,26 +265,51 @@ class Autoscaler:
                 where, rid, dim, capacity, wanted, f"{bound} capacity of the scalable target is {wanted}"
             )
 
-    def _alarms(
-        self, where: Where, step: dict[str, dict[str, Any]], targets: dict[Any, dict[str, Any]]
-    ) -> None:
+    def _metric_alarms(self, where: Where) -> list[dict[str, Any]]:
+        """The metric alarms of the local CloudWatch in ``where``'s region."""
         cloudwatch = self._client("cloudwatch", where)
-        alarms = cloudwatch.describe_alarms(AlarmTypes=["MetricAlarm"]).get("MetricAlarms", [])
-        for alarm in alarms:
+        pages = cloudwatch.get_paginator("describe_alarms").paginate(AlarmTypes=["MetricAlarm"])
+        return [alarm for page in pages for alarm in page.get("MetricAlarms", [])]
+
+    def _set_state(self, where: Where, alarm: dict[str, Any], state: str, value: float | None) -> None:
+        self._client("cloudwatch", where).set_alarm_state(
+            AlarmName=alarm["AlarmName"],
+            StateValue=state,
+            StateReason=f"Threshold Crossed: the latest datapoint was {value} "
+            f"({alarm.get('ComparisonOperator')} {alarm.get('Threshold')})"
+            if value is not None
+            else "Insufficient Data",
+        )
+
+    def _judge(self, where: Where) -> Judged:
+        """Every ``AWS/SageMaker`` metric alarm judged on the periods kept, its state set where it
+        changed."""
+        judged: Judged = {}
+        for alarm in self._metric_alarms(where):
             if alarm.get("Namespace") != NAMESPACE or not alarm.get("MetricName"):
                 continue
             state, value = self._alarm_state(where, alarm)
             if state is not None and state != alarm.get("StateValue"):
-                cloudwatch.set_alarm_state(
-                    AlarmName=alarm["AlarmName"],
-                    StateValue=state,
-                    StateReason=f"Threshold Crossed: the latest datapoint was {value} "
-                    f"({alarm.get('ComparisonOperator')} {alarm.get('Threshold')})"
-                    if value is not None
-                    else "Insufficient Data",
-                )
+                self._set_state(where, alarm, state, value)
                 alarm["StateValue"] = state
-            if alarm.get("StateValue") != "ALARM" or not alarm.get("ActionsEnabled", True) or value is None:
+            judged[alarm["AlarmName"]] = (alarm, value)
+        return judged
+
+    @staticmethod
+    def _firing(alarm: dict[str, Any], value: float | None) -> bool:
+        """Whether the alarm's actions run this period (in ``ALARM``, actions enabled, a datapoint)."""
+        return alarm.get("StateValue") == "ALARM" and alarm.get("ActionsEnabled", True) and value is not None
+
+    def _steps(
+        self,
+        where: Where,
+        step: dict[str, dict[str, Any]],
+        targets: dict[Any, dict[str, Any]],
+        judged: Judged,
+    ) -> None:
+        """The step policies the alarms in ``ALARM`` name in their ``AlarmActions``."""
+        for alarm, value in judged.values():
+            if value is None or not self._firing(alarm, value):
                 continue
             for arn in alarm.get("AlarmActions") or []:
                 policy = step.get(arn)
@@ -363,67 +367,45 @@ class Autoscaler:
         if self._scale(where, rid, dim, capacity, wanted, cause):
             self._policy_last[policy["PolicyARN"]] = time.monotonic()
 
-    def _track(self, where: Where, policy: dict[str, Any], target: dict[str, Any]) -> None:
+    def _track(self, where: Where, policy: dict[str, Any], target: dict[str, Any], judged: Judged) -> None:
+        """A target-tracking policy on its alarms: out while its high alarm is in ``ALARM``, in while
+        its low one is."""
         config = policy.get("TargetTrackingScalingPolicyConfiguration") or {}
         rid, dim = policy["ResourceId"], policy["ScalableDimension"]
-        metric = self._tracked_metric(config, rid)
         goal = float(config.get("TargetValue") or 0)
-        if metric is None or goal <= 0:
+        firing: dict[str, tuple[dict[str, Any], float]] = {}
+        for ref in policy.get("Alarms") or []:
+            found = judged.get(str(ref.get("AlarmName")))
+            role = alarm_role(str(ref.get("AlarmName")), rid)
+            if found is not None and role is not None and found[1] is not None and self._firing(*found):
+                firing[role] = (found[0], found[1])
+        if goal <= 0 or not firing:
             return
-        name, statistic, dims = metric
-        values = self._values(where, name, dims, statistic, 1)
-        value = values[-1] if values else None
-        arn = policy["PolicyARN"]
-        high, low = self._streaks.get(arn, (0, 0))
-        if value is None:
-            high = low = 0
-        elif value > goal:
-            high, low = high + 1, 0
-        elif value < 0.9 * goal:
-            high, low = 0, low + 1
-        else:
-            high = low = 0
-        self._streaks[arn] = (high, low)
         capacity = self._capacity(where, rid, dim)
-        if value is None or capacity is None or capacity == 0:
+        if capacity is None or capacity == 0:
             return
+        out = "High" in firing
+        alarm, value = firing["High" if out else "Low"]
         wanted = min(
             max(math.ceil(capacity * value / goal - 1e-9), int(target["MinCapacity"])),
             int(target["MaxCapacity"]),
         )
         last = self._last.get((where[1], rid, dim), {})
         now = time.monotonic()
-        alarm = f"TargetTracking-{rid}-Alarm{'High' if high >= HIGH_PERIODS else 'Low'}"
-        cause = f"monitor alarm {alarm} in state ALARM triggered policy {policy['PolicyName']}"
-        if high >= HIGH_PERIODS and wanted > capacity:
-            if now - last.get("out", -math.inf) < float(config.get("ScaleOutCooldown") or 0):
+        cause = f"monitor alarm {alarm['AlarmName']} in state ALARM triggered policy {policy['PolicyName']}"
+        if out:
+            if wanted <= capacity or now - last.get("out", -math.inf) < float(
+                config.get("ScaleOutCooldown") or 0
+            ):
                 return
-            if not self._suspended(target, True) and self._scale(where, rid, dim, capacity, wanted, cause):
-                self._streaks[arn] = (0, 0)
-        elif low >= LOW_PERIODS and wanted < capacity and not config.get("DisableScaleIn"):
+        else:
             cooldown = float(config.get("ScaleInCooldown") or 0)
+            if wanted >= capacity or config.get("DisableScaleIn"):
+                return
             if now - max(last.get("in", -math.inf), last.get("out", -math.inf)) < cooldown:
                 return
-            if not self._suspended(target, False) and self._scale(where, rid, dim, capacity, wanted, cause):
-                self._streaks[arn] = (0, 0)
-
-    @staticmethod
-    def _tracked_metric(config: dict[str, Any], rid: str) -> tuple[str, str, Dims] | None:
-        predefined = (config.get("PredefinedMetricSpecification") or {}).get("PredefinedMetricType")
-        parts = rid.split("/")
-        if predefined in PREDEFINED:
-            name, statistic, dims = PREDEFINED[predefined]
-            wants_component = predefined.startswith("SageMakerInferenceComponent")
-            if wants_component != rid.startswith(COMPONENT_PREFIX) or len(parts) < (
-                2 if wants_component else 4
-            ):
-                return None
-            return name, statistic, dims(parts)
-        custom = config.get("CustomizedMetricSpecification") or {}
-        if custom.get("Namespace") == NAMESPACE and custom.get("MetricName"):
-            dims_list = tuple((d["Name"], d["Value"]) for d in custom.get("Dimensions") or [])
-            return str(custom["MetricName"]), str(custom.get("Statistic") or "Average"), dims_list
-        return None
+        if not self._suspended(target, out):
+            self._scale(where, rid, dim, capacity, wanted, cause)
 
     @staticmethod
     def _suspended(target: dict[str, Any], out: bool) -> bool:
