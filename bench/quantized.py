@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,76 @@ def _peak_rss(server: Any, module: str) -> int | None:
 
 #: the methods whose accuracy is measured against fp32
 ACCURACY_METHODS = ("w8a8", "gptq")
+
+
+#: measurements more of a cell whose reading came back empty, before it is recorded as failed
+REMEASURES = 2
+
+
+def reading_problem(rec: dict[str, Any]) -> str | None:
+    """Why one measurement is no reading (None: it is one): no request completed, no output tokens,
+    or no TPOT (no request gave two tokens). A server that died or refused every request reads so."""
+    if not rec.get("completed"):
+        errors = rec.get("errors") or []
+        first = f"; first error: {str(errors[0])[:200]}" if errors else ""
+        return f"no request completed ({rec.get('failed', 0)} failed{first})"
+    if not rec.get("output_throughput"):
+        return "no output tokens"
+    if (rec.get("tpot_ms") or {}).get("p50") is None:
+        return "no TPOT (no request gave two output tokens)"
+    return None
+
+
+def measure_cell(run: Callable[[], dict[str, Any]], cell: str) -> dict[str, Any]:
+    """``run()`` (one measurement of one cell), again up to :data:`REMEASURES` times while its reading
+    is empty or it raises; the last empty one comes back marked ``empty_reading`` (its reason), which
+    the medians leave out and the report names, instead of a crash that loses every other cell."""
+    rec: dict[str, Any] = {}
+    for attempt in range(1 + REMEASURES):
+        try:
+            rec = run()
+            problem = reading_problem(rec)
+        except Exception as exc:  # the harness itself failed (the server gone): a failed reading too
+            rec, problem = {"completed": 0, "failed": 0, "errors": [repr(exc)]}, f"measure raised {exc!r}"
+        if problem is None:
+            return rec
+        then = f"remeasuring ({attempt + 1}/{REMEASURES})" if attempt < REMEASURES else "recorded as failed"
+        print(f"{cell} EMPTY READING: {problem}; {then}", flush=True)
+    return {**rec, "empty_reading": problem}
+
+
+def _median(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summarize(concurrency: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """One concurrency's medians over the rounds, each server's readings only (a cell whose every
+    round failed is None, and its ratios are None); ``failed_cells`` names the failed readings."""
+    good = {k: [x for x in v if "empty_reading" not in x] for k, v in runs.items()}
+    tput = {k: _median([x["output_throughput"] for x in v]) for k, v in good.items()}
+    row: dict[str, Any] = {
+        "concurrency": concurrency,
+        "output_throughput": tput,
+        "tpot_ms_p50": {k: _median([x["tpot_ms"]["p50"] for x in v]) for k, v in good.items()},
+        "failed": {k: sum(x.get("failed", 0) for x in v) for k, v in runs.items()},
+        "vs_fp32": _ratio(tput.get("lmi-dist w8a8"), tput.get("lmi-dist fp32")),
+        "vs_vllm": _ratio(tput.get("lmi-dist w8a8"), tput.get("vllm fp32")),
+        "gptq_vs_fp32": _ratio(tput.get("lmi-dist gptq"), tput.get("lmi-dist fp32")),
+        "gptq_vs_vllm": _ratio(tput.get("lmi-dist gptq"), tput.get("vllm fp32")),
+    }
+    failed_cells = {
+        k: [x["empty_reading"] for x in v if "empty_reading" in x]
+        for k, v in runs.items()
+        if any("empty_reading" in x for x in v)
+    }
+    if failed_cells:
+        row["failed_cells"] = failed_cells
+    return row
 
 
 def _compile(source: Path, method: str, out: Path) -> float:
@@ -168,38 +239,28 @@ def main() -> int:
                 for concurrency in CONCURRENCIES:
                     order = list(servers) if r % 2 == 0 else list(reversed(servers))
                     for label in order:
-                        rec = measure(servers[label].url, fp32, concurrency)
-                        runs[concurrency][label].append(rec)
-                        print(
-                            f"round {r + 1} c={concurrency:<3} {label:<14} "
-                            f"{rec['output_throughput']:7.1f} tok/s TPOT p50 {rec['tpot_ms']['p50']:.1f} ms "
-                            f"failed {rec['failed']}",
-                            flush=True,
+                        cell = f"round {r + 1} c={concurrency:<3} {label:<14}"
+                        rec = measure_cell(
+                            lambda c=concurrency, u=servers[label].url: measure(u, fp32, c), cell
                         )
+                        runs[concurrency][label].append(rec)
+                        if "empty_reading" not in rec:
+                            print(
+                                f"{cell} {rec['output_throughput']:7.1f} tok/s TPOT p50 "
+                                f"{rec['tpot_ms']['p50']:.1f} ms failed {rec['failed']}",
+                                flush=True,
+                            )
             rss = {
                 k: _peak_rss(s, "lmforge.engines.lmi_dist.core") if k.startswith("lmi-dist") else None
                 for k, s in servers.items()
             }
         weights = {k: _weight_bytes(d) for k, d in dirs.items()}
         measured_accuracy = accuracy(fp32, tmp) if args.accuracy else None
-    rows = []
-    for c in CONCURRENCIES:
-        tput = {k: statistics.median(x["output_throughput"] for x in v) for k, v in runs[c].items()}
-        rows.append(
-            {
-                "concurrency": c,
-                "output_throughput": tput,
-                "tpot_ms_p50": {
-                    k: statistics.median(x["tpot_ms"]["p50"] for x in v) for k, v in runs[c].items()
-                },
-                "failed": {k: sum(x["failed"] for x in v) for k, v in runs[c].items()},
-                "vs_fp32": tput["lmi-dist w8a8"] / tput["lmi-dist fp32"],
-                "vs_vllm": tput["lmi-dist w8a8"] / tput["vllm fp32"],
-                "gptq_vs_fp32": tput["lmi-dist gptq"] / tput["lmi-dist fp32"],
-                "gptq_vs_vllm": tput["lmi-dist gptq"] / tput["vllm fp32"],
-            }
-        )
-    sample = runs[CONCURRENCIES[-1]]["lmi-dist fp32"][0]
+    rows = [summarize(c, runs[c]) for c in CONCURRENCIES]
+    sample = next(
+        (x for c in reversed(CONCURRENCIES) for x in runs[c]["lmi-dist fp32"] if "empty_reading" not in x),
+        runs[CONCURRENCIES[-1]]["lmi-dist fp32"][0],
+    )
     result = {
         "name": f"{NAME}-{args.model}",
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python -m bench.quantized --model {args.model}",
@@ -281,6 +342,17 @@ compile --quantize METHOD` from the fp32 one (gptq calibrated on lmforge's offli
 """
 
 
+def _cell(row: dict[str, Any], label: str) -> str:
+    tput, tpot = row["output_throughput"][label], row["tpot_ms_p50"][label]
+    if tput is None:
+        return "failed (no reading)"
+    return f"{tput:.1f} (TPOT {tpot:.0f} ms)"
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a (a reading failed)" if ratio is None else f"**{ratio:.2f}x**"
+
+
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
     labels = list(result["rows"][0]["output_throughput"])
@@ -290,16 +362,27 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         [
             str(r["concurrency"]),
-            *(f"{r['output_throughput'][k]:.1f} (TPOT {r['tpot_ms_p50'][k]:.0f} ms)" for k in labels),
-            f"**{r['vs_fp32']:.2f}x**",
-            f"**{r['vs_vllm']:.2f}x**",
-            *([f"**{r['gptq_vs_fp32']:.2f}x**", f"**{r['gptq_vs_vllm']:.2f}x**"] if gptq else []),
+            *(_cell(r, k) for k in labels),
+            _times(r["vs_fp32"]),
+            _times(r["vs_vllm"]),
+            *([_times(r["gptq_vs_fp32"]), _times(r["gptq_vs_vllm"])] if gptq else []),
         ]
         for r in result["rows"]
+    ]
+    failed = [
+        f"- c={r['concurrency']} {label}: {len(why)} failed reading(s), {why[-1]}"
+        for r in result["rows"]
+        for label, why in r.get("failed_cells", {}).items()
     ]
     wb = result["weight_bytes"]
     ratio = wb["lmi-dist w8a8"] / wb["lmi-dist fp32"]
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
+    if failed:
+        notes += (
+            f"\nReadings that came back empty after {REMEASURES} remeasures (left out of the medians):\n"
+            + "\n".join(failed)
+            + "\n"
+        )
     if "lmi-dist gptq" in wb:
         notes += (
             f"\nGPTQ (`lmforge compile --quantize gptq`, {result.get('gptq_compile_s', 0):.0f} s with the "
@@ -327,27 +410,32 @@ RSS: {rss}. Goals (issue 59): W8A8 >= {GOAL_C1}x fp32 at concurrency 1 and >= {G
 {notes}"""
 
 
+def _lowest(values: list[float | None]) -> float | None:
+    """The lowest ratio over the concurrencies; None when one of them failed (no claim on a gap)."""
+    return None if any(v is None for v in values) else min(v for v in values if v is not None)
+
+
 def section(result: dict[str, Any]) -> dict[str, Any]:
     rows = {r["concurrency"]: r for r in result["rows"]}
-    summary = [
-        record.summary_row("Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=1", rows[1]["vs_fp32"], GOAL_C1),
-        record.summary_row(
-            "Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=32", rows[32]["vs_fp32"], GOAL_C32
-        ),
-        record.summary_row(
+    wanted: list[tuple[str, float | None, float]] = [
+        ("Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=1", rows[1]["vs_fp32"], GOAL_C1),
+        ("Quantized: LMI-Dist W8A8 / fp32 output tok/s, c=32", rows[32]["vs_fp32"], GOAL_C32),
+        (
             "Quantized: LMI-Dist W8A8 / vLLM fp32, lowest over c",
-            min(r["vs_vllm"] for r in result["rows"]),
+            _lowest([r["vs_vllm"] for r in result["rows"]]),
             GOAL_VS_VLLM,
         ),
     ]
     if "gptq_vs_fp32" in result["rows"][0]:
-        summary.append(
-            record.summary_row(
+        wanted.append(
+            (
                 "Quantized: LMI-Dist GPTQ / vLLM fp32, lowest over c",
-                min(r["gptq_vs_vllm"] for r in result["rows"]),
+                _lowest([r["gptq_vs_vllm"] for r in result["rows"]]),
                 GOAL_VS_VLLM,
             )
         )
+    # a goal whose reading failed has no figure: the report names the failed cell instead
+    summary = [record.summary_row(name, v, goal) for name, v, goal in wanted if v is not None]
     return record.section(record.ORDER["quantized"], report(result), summary)
 
 
