@@ -5,7 +5,9 @@ The plan reads the model's Hugging Face ``config.json`` (never the tensors) and 
 * **weights**: the exact sum of tensor sizes from the ``*.safetensors`` headers when the weight files
   are local (re-priced for ``option.dtype`` / an on-the-fly ``option.quantize``), else the parameter
   count derived from the architecture x bytes per parameter; split over tensor x pipeline parallel.
-* **KV cache**: ``2 x layers x kv_heads x head_dim x bytes`` per token, with the KV heads split over
+* **KV cache**: ``2 x layers x kv_heads x head_dim x bytes`` per token (``bytes``: the compute dtype's,
+  or one for an fp8 / int8 ``option.kv_cache_dtype``, by the values the backend takes:
+  :mod:`lmforge.deploy.plan.kv_cache`), with the KV heads split over
   the tensor-parallel ranks (at least one per GPU: fewer heads than ranks are replicated) and the
   layers over the pipeline stages, for ``max_rolling_batch_size x max_model_len`` tokens.
 * **runtime overhead**: :data:`OVERHEAD_FIXED_BYTES` (CUDA context, NCCL buffers, CUDA graphs) plus
@@ -20,12 +22,14 @@ It also suggests SageMaker's two start-up timeouts from assumed transfer rates (
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from lmforge.config.schema import ServingConfig
 from lmforge.deploy.instances import InstanceType, get_instance
 from lmforge.deploy.plan.checks import parallelism
+from lmforge.deploy.plan.kv_cache import KvCache, kv_cache
 from lmforge.deploy.plan.memory import (
     CPU_HOST_USABLE_FRACTION,
     DEFAULT_MAX_MODEL_LEN,
@@ -96,8 +100,12 @@ def make_plan(
     instance_type: str,
     *,
     model_config_path: Path | None = None,
+    extra_options: Mapping[str, str] | None = None,
 ) -> DeployPlan:
     """Plan ``config`` (the model in ``model_dir``) on ``instance_type``.
+
+    ``extra_options``: the configuration's ``option.*`` keys outside the schema (``kv_cache_dtype``);
+    by default those of ``model_dir``'s serving.properties.
 
     ``config.json`` comes from ``model_config_path`` when given, else the local weights folder
     (``config.model_path``), else ``model_dir``. Raises ``ValueError`` for an unknown instance type and
@@ -112,6 +120,8 @@ def make_plan(
         raise PlanError(str(exc)) from None
     notes = Notes()
     prec = precision(config, shape, instance, notes)
+    extras = _extra_options(model_dir) if extra_options is None else extra_options
+    kv = kv_cache(config, extras, instance, prec.act_bytes, notes)
     weights = size_weights(config, shape, prec, notes)
     max_len, len_source = sequence_length(config, shape, notes)
     tp, pp = parallelism(config, instance, shape, prec.dtype, prec.quantization, notes)
@@ -126,7 +136,7 @@ def make_plan(
         shape,
         instance,
         weights_bytes=weights.bytes,
-        kv_bytes=prec.act_bytes,
+        kv_bytes=kv.bytes,
         tp=tp,
         pp=pp,
         batch=batch,
@@ -149,7 +159,7 @@ def make_plan(
             config=config,
             dtype=prec.dtype,
             weights_bytes=weights.bytes,
-            act_bytes=prec.act_bytes,
+            kv_bytes=kv.bytes,
             tp=tp,
             pp=pp,
             max_len=max_len,
@@ -172,6 +182,7 @@ def make_plan(
         instance,
         shape,
         prec,
+        kv,
         weights,
         (max_len, len_source),
         (tp, pp),
@@ -192,6 +203,7 @@ def _assemble(
     instance: InstanceType,
     shape: ModelShape,
     prec: Precision,
+    kv: KvCache,
     weights: Weights,
     length: tuple[int, str],
     degrees: tuple[int, int],
@@ -234,8 +246,10 @@ def _assemble(
             num_layers=shape.num_layers,
             num_kv_heads=shape.num_kv_heads,
             head_dim=shape.head_dim,
-            dtype_bytes=prec.act_bytes,
+            dtype_bytes=kv.bytes,
         ),
+        kv_cache_dtype=kv.dtype,
+        kv_cache_bytes_per_element=kv.bytes,
         kv_bytes_per_token_per_gpu=mem.kv_per_token,
         kv_tokens=batch * max_len if budget is None else budget // mem.kv_per_token,
         weights_per_gpu_bytes=mem.weights,
@@ -286,3 +300,14 @@ def _load_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise PlanError(f"{path}: expected a JSON object")
     return data
+
+
+def _extra_options(model_dir: Path) -> dict[str, str]:
+    """The ``option.*`` keys outside the schema in ``model_dir``'s serving.properties ({} when it has
+    none or is invalid: its configuration is the caller's to check)."""
+    from lmforge.config import ConfigError, load_config
+
+    try:
+        return load_config(model_dir, env={}).extra_options
+    except ConfigError:
+        return {}

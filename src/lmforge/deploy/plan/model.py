@@ -53,6 +53,9 @@ class DeployPlan:
     weights_bytes: int
     weights_source: str
     download_bytes: int
+    kv_cache_dtype: str
+    """``option.kv_cache_dtype`` as planned (``auto``: the compute dtype)."""
+    kv_cache_bytes_per_element: int
     kv_bytes_per_token: int
     kv_bytes_per_token_per_gpu: int
     kv_tokens: int

@@ -23,7 +23,7 @@ def render_plan(plan: DeployPlan) -> str:
     share = f"{plan.memory_per_gpu_gib:g} GiB x {plan.memory_utilization:.2f}"
     rows = [
         ("weights", plan.weights_per_gpu_bytes),
-        (f"KV cache ({plan.kv_tokens} tokens)", plan.kv_per_gpu_bytes),
+        (f"KV cache ({plan.kv_tokens} tokens, {_kv_dtype(plan)})", plan.kv_per_gpu_bytes),
         ("runtime overhead", plan.overhead_per_gpu_bytes),
         ("total", plan.total_per_gpu_bytes),
         (f"available ({share})", plan.available_per_gpu_bytes),
@@ -77,3 +77,10 @@ def _count(n: float, unit: str = "") -> str:
         if n >= scale:
             return f"{n / scale:.2f} {prefix}{unit}"
     return f"{n:.0f} {unit}".rstrip()
+
+
+def _kv_dtype(plan: DeployPlan) -> str:
+    """The KV cache's element: ``option.kv_cache_dtype`` when set, else the compute dtype."""
+    if plan.kv_cache_dtype == "auto":
+        return plan.dtype
+    return f"{plan.kv_cache_dtype}, {plan.kv_cache_bytes_per_element} B"

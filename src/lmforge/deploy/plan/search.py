@@ -15,7 +15,7 @@ def suggest_instance(
     current: InstanceType,
     dtype: str,
     weights_bytes: int,
-    act_bytes: int,
+    kv_bytes: int,
     pp: int,
     batch: int,
     max_len: int,
@@ -39,7 +39,7 @@ def suggest_instance(
             shape,
             candidate,
             weights_bytes=weights_bytes,
-            kv_bytes=act_bytes,
+            kv_bytes=kv_bytes,
             tp=tp,
             pp=pp,
             batch=batch,
@@ -81,7 +81,7 @@ def suggest(
     config: ServingConfig,
     dtype: str,
     weights_bytes: int,
-    act_bytes: int,
+    kv_bytes: int,
     tp: int,
     pp: int,
     max_len: int,
@@ -108,7 +108,7 @@ def suggest(
             length = mem.max_len - mem.max_len % 256 if mem.max_len >= 256 else mem.max_len
             suggestions.append(f"or set option.max_model_len={length} (keeps max_rolling_batch_size={batch})")
     found = suggest_instance(
-        shape, instance, dtype, weights_bytes, act_bytes, pp, batch, max_len, config, kv_budget, tp
+        shape, instance, dtype, weights_bytes, kv_bytes, pp, batch, max_len, config, kv_budget, tp
     )
     if found is None:
         return None
