@@ -495,22 +495,34 @@ def test_a_bimodal_tpot_is_a_finding() -> None:
     assert parity.tpot_spread({}) == {} and not parity.bimodal({})
 
 
-def test_the_soak_compares_the_last_run_with_the_first() -> None:
+def test_the_soak_compares_the_late_runs_with_the_early_ones() -> None:
     soak = bench_module("soak")
+    tput = (3000.0, 2400.0, 2800.0, 2700.0, 2900.0, 2600.0, 2500.0, 2300.0, 2650.0)
+    # the client's CPU per request moves with the host's speed; the server's costs 3x it, then 3.3x
+    client = (2.0, 2.5, 2.2, 2.1, 2.0, 2.4, 2.2, 2.0, 2.6)
     runs = [
-        {"output_throughput": t, "p99_tpot_ms": 20.0, "rss_mib": 500.0 + i, "tpot_spread": {"std_ms": 1.0}}
-        for i, t in enumerate((3000.0, 2900.0, 2800.0, 2700.0, 2600.0))
+        {
+            "output_throughput": t,
+            "p99_tpot_ms": 20.0,
+            "rss_mib": 500.0 + i,
+            "tpot_spread": {"std_ms": 1.0},
+            "cpu_ms_per_request": {"frontend": c, "engine": c * (2.0 if i < 6 else 2.3), "client": c},
+        }
+        for i, (t, c) in enumerate(zip(tput, client, strict=True))
     ]
     row = soak.summarize(runs)
-    assert row["last_over_first"] == pytest.approx(2600 / 3000, abs=1e-3)
-    assert row["bimodal_runs"] == [] and row["rss_mib_runs"][-1] == 504.0
+    assert row["last_over_first"] == pytest.approx(2650 / 3000, abs=1e-3)
+    # medians of the first three (2800) and the last three (2500) runs
+    assert row["late_over_early"] == pytest.approx(2500 / 2800, abs=1e-3)
+    assert row["work_runs"][:2] == [3.0, 3.0] and row["work_late_over_early"] == pytest.approx(1.1, abs=1e-3)
+    assert row["bimodal_runs"] == [] and row["rss_mib_runs"][-1] == 508.0
     result = {
         "name": "soak",
         "commit": "abc1234",
         "goal_last_over_first": soak.GOAL,
         "rows": {"lmforge-vllm": row},
         "settings": {
-            "runs": 5,
+            "runs": 9,
             "concurrency": 64,
             "prompts": 384,
             "model_key": "tiny",
@@ -521,5 +533,6 @@ def test_the_soak_compares_the_last_run_with_the_first() -> None:
         "machine": {"cpu": "AMD EPYC", "cpu_count": 2, "cpu_flags": ["avx2"]},
     }
     page = soak.report(result)
-    assert "| lmforge-vllm | 3000, 2900, 2800, 2700, 2600 | **0.87** (MISSED) |" in page
+    runs_text = ", ".join(f"{t:.0f}" for t in tput)
+    assert f"| lmforge-vllm | {runs_text} | **0.89** (MISSED) | 0.88 | 1.10 |" in page
     assert "`abc1234`, taken on AMD EPYC, 2 cores, avx2" in page
