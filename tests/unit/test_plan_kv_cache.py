@@ -113,7 +113,12 @@ def test_trtllm_int8_and_a_vllm_value_lmforge_cannot_size(tmp_path: Path) -> Non
         "ml.g6.2xlarge",
     )
     assert not unsized.problems and unsized.kv_bytes_per_token == LLAMA_ELEMENTS * 2
-    assert any("lmforge's plan does not know its size" in w for w in unsized.warnings)
+    assert any("vLLM takes it, lmforge's plan does not know its size" in w for w in unsized.warnings)
+    nvfp4 = _plan(
+        _folder(tmp_path / "n", LLAMA_8B, rolling_batch="trtllm", kv_cache_dtype="nvfp4"), "ml.g6.2xlarge"
+    )
+    assert nvfp4.kv_bytes_per_token == LLAMA_ELEMENTS * 2
+    assert any(w.startswith("option.kv_cache_dtype=nvfp4: TensorRT-LLM takes it") for w in nvfp4.warnings)
 
 
 def _safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:

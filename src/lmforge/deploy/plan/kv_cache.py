@@ -26,8 +26,11 @@ VLLM_GPU_UNSIZED = (
     "fp8_ds_mla", "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
     "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "nvfp4", "nvfp4_4over6",
 )  # fmt: skip
-#: TensorRT-LLM: :data:`lmforge.engines.trtllm.plan.KV_CACHE_ALGOS`
+#: TensorRT-LLM: :data:`lmforge.engines.trtllm.plan.KV_CACHE_ALGOS` (engines, <= 1.2) and fp8 of
+#: :data:`lmforge.engines.trtllm.quantplan.KV_METHODS` (>= 1.3)
 TRTLLM: dict[str, int | None] = {"auto": None, "fp8": 1, "int8": 1}
+#: TensorRT-LLM >= 1.3's nvfp4 cache (4 bits and block scales): taken, sized as the compute dtype
+TRTLLM_UNSIZED = ("nvfp4",)
 #: LMI-Dist keeps its cache in the compute dtype: it takes ``auto`` only
 LMI_DIST: dict[str, int | None] = {"auto": None}
 
@@ -46,17 +49,20 @@ def option_value(extra_options: Mapping[str, str]) -> str | None:
     return None if value is None else value.strip()
 
 
-def _choices(config: ServingConfig, instance: InstanceType) -> tuple[str, dict[str, int | None]]:
-    """The backend's name and the values it takes, for the backend ``option.rolling_batch`` names
-    (``auto``: vLLM's, which lmforge's images serve when it is installed)."""
+def _choices(
+    config: ServingConfig, instance: InstanceType
+) -> tuple[str, dict[str, int | None], tuple[str, ...]]:
+    """The backend's name, the values it takes that the plan sizes, and those it takes that the plan
+    does not size, for the backend ``option.rolling_batch`` names (``auto``: vLLM's, which lmforge's
+    images serve when it is installed)."""
     backend = config.rolling_batch
     if backend == "lmi-dist":
-        return "LMI-Dist", LMI_DIST
+        return "LMI-Dist", LMI_DIST, ()
     if backend == "trtllm":
-        return "TensorRT-LLM", TRTLLM
+        return "TensorRT-LLM", TRTLLM, TRTLLM_UNSIZED
     if instance.is_cpu:
-        return "vLLM on CPU", VLLM_CPU
-    return "vLLM", VLLM_GPU
+        return "vLLM on CPU", VLLM_CPU, ()
+    return "vLLM", VLLM_GPU, VLLM_GPU_UNSIZED
 
 
 def kv_cache(
@@ -77,14 +83,14 @@ def kv_cache(
             f"option.kv_cache_dtype={raw}: option.rolling_batch=disable keeps no KV cache of its own; ignored"
         )
         return KvCache("auto", compute_bytes)
-    backend, table = _choices(config, instance)
+    backend, table, unsized = _choices(config, instance)
     if value in table:
         size = table[value]
         return KvCache(value, compute_bytes if size is None else size)
-    if table is VLLM_GPU and value in VLLM_GPU_UNSIZED:
+    if value in unsized:
         notes.warnings.append(
-            f"option.kv_cache_dtype={raw}: vLLM takes it, lmforge's plan does not know its size; the KV "
-            "cache is planned in the compute dtype (an upper bound)"
+            f"option.kv_cache_dtype={raw}: {backend} takes it, lmforge's plan does not know its size; the "
+            "KV cache is planned in the compute dtype (an upper bound)"
         )
         return KvCache(value, compute_bytes)
     why = (
@@ -93,5 +99,6 @@ def kv_cache(
         if table is LMI_DIST
         else f"{backend} does not take it"
     )
-    notes.problems.append(f"option.kv_cache_dtype={raw}: {why}; choose one of: {', '.join(table)}")
+    choices = ", ".join([*table, *unsized])
+    notes.problems.append(f"option.kv_cache_dtype={raw}: {why}; choose one of: {choices}")
     return KvCache("auto", compute_bytes)
