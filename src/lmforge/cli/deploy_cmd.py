@@ -14,6 +14,7 @@ import click
 
 from lmforge.cli.common import ARTIFACT_FORMAT, aws_error, cli_progress, region_or_fail
 from lmforge.cli.progress import note as _echo
+from lmforge.quantize import choices as quantize_choices
 
 if TYPE_CHECKING:
     from lmforge.deploy import Autoscale, Deployment, DeployResult, DeploySettings
@@ -127,7 +128,15 @@ def _env_pairs(values: tuple[str, ...]) -> dict[str, str]:
     is_flag=True,
     help="vLLM: compile the folder (lmforge compile) before packing when this machine matches the "
     "instance type (same CPU instruction set, or the same GPU) and the image's versions; otherwise say "
-    "why and deploy it uncompiled.",
+    "why and deploy it uncompiled. With --quantize, or an LMI-Dist folder's option.quantize: quantize "
+    "it first.",
+)
+@click.option(
+    "--quantize",
+    metavar="METHOD",
+    help="With --compile: quantize the folder first (lmforge compile --quantize, inside the endpoint's "
+    "lmforge image; on this machine in the local SageMaker's process mode or for another image) into a "
+    f"folder of its own, and deploy that: {quantize_choices()}.",
 )
 def deploy_command(
     model_dir: Path,
@@ -160,6 +169,7 @@ def deploy_command(
     accelerators: int | None,
     max_instances: int | None,
     compile_first: bool,
+    quantize: str | None,
 ) -> None:
     """Validate, plan, package, upload and deploy MODEL_DIR to a SageMaker endpoint, then wait for it.
 
@@ -182,6 +192,10 @@ def deploy_command(
     }
     if inference_component is None and (given := [k for k, v in component_only.items() if v]):
         raise click.UsageError(f"{', '.join(given)} go with --inference-component")
+    if quantize is not None and not compile_first:
+        from lmforge.deploy.workflow import QUANTIZE_NEEDS_COMPILE
+
+        raise click.UsageError(QUANTIZE_NEEDS_COMPILE)
     settings = DeploySettings(
         model_dir=model_dir,
         endpoint_name=endpoint_name,
@@ -213,14 +227,14 @@ def deploy_command(
         accelerators=accelerators,
         max_instance_count=max_instances,
     )
-    result = _deploy(settings).result
+    result = _deploy(settings, quantize).result
     if isinstance(result, ComponentResult):
         _report_component(result, no_wait)
     else:
         _report(result, no_wait)
 
 
-def _deploy(settings: DeploySettings) -> Deployment:
+def _deploy(settings: DeploySettings, quantize: str | None = None) -> Deployment:
     """:func:`lmforge.deploy.deploy` with its progress on stderr and its errors as the command's: usage
     errors exit 2, the others 1 (AWS's refusals in one line)."""
     from lmforge.deploy import (
@@ -233,7 +247,7 @@ def _deploy(settings: DeploySettings) -> Deployment:
     )
 
     try:
-        return deploy(settings, cli_progress())
+        return deploy(settings, cli_progress(), quantize=quantize)
     except InvalidConfiguration as exc:
         _echo(f"error: invalid configuration:\n{exc.error}")
         raise SystemExit(2) from None

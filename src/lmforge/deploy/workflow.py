@@ -3,7 +3,7 @@
 The steps, each refused before anything is uploaded where it can be:
 
 1. check the settings and resolve the folder's configuration; the region;
-2. the image (:func:`lmforge.deploy.image_prep.prepare_image`), the optional compile
+2. the image (:func:`lmforge.deploy.image_prep.prepare_image`), the optional quantization and compile
    (:mod:`lmforge.deploy.precompile`), the memory plan (:func:`plan_deployment`), the role;
 3. the endpoint as it is (a Failed one deleted with ``replace``; one that cannot be updated refused);
 4. package and upload the folder (:func:`lmforge.deploy.upload.upload_model_folder`);
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from lmforge.deploy.upload import UploadResult
 
 ROLE_ENV = "LMFORGE_ROLE_ARN"
+QUANTIZE_NEEDS_COMPILE = (
+    "--quantize goes with --compile: lmforge deploy DIR --compile --quantize METHOD quantizes the folder "
+    "(lmforge compile --quantize) before it is packed"
+)
 
 
 @dataclass(frozen=True)
@@ -74,34 +78,64 @@ class Deployment:
         return self.result.succeeded
 
 
-def deploy(settings: DeploySettings, progress: Progress | None = None) -> Deployment:
+def deploy(
+    settings: DeploySettings, progress: Progress | None = None, *, quantize: str | None = None
+) -> Deployment:
     """Validate, plan, package, upload and deploy ``settings.model_dir``, then (with ``settings.wait``)
-    wait for the endpoint. See the module's docstring for the steps and what each may raise."""
+    wait for the endpoint. See the module's docstring for the steps and what each may raise.
+
+    ``quantize`` (``lmforge deploy --compile --quantize METHOD``; it needs ``settings.compile_first``):
+    the folder is quantized first by ``lmforge compile --quantize`` into a temporary folder, which is
+    what is compiled, planned, packed and deployed; with ``compile_first`` alone, an LMI-Dist folder's
+    ``option.quantize`` is quantized likewise. A bad method is a BadSetting before anything runs."""
+    import dataclasses
+    import tempfile
+    from contextlib import ExitStack
+    from pathlib import Path
+
     from lmforge.config import ConfigError, load_config
     from lmforge.deploy.account import resolve_region, where
     from lmforge.deploy.image_prep import prepare_image
-    from lmforge.deploy.precompile import compile_before_packing
+    from lmforge.deploy.precompile import compile_before_packing, quantize_before_packing, quantize_method
 
     progress = progress or Progress()
     check_settings(settings)
+    if quantize is not None and not settings.compile_first:
+        raise DeployUsageError(QUANTIZE_NEEDS_COMPILE)
     try:
         resolved = load_config(settings.model_dir, env={})
     except ConfigError as exc:
         raise InvalidConfiguration(exc) from None
+    chosen = quantize_method(settings, resolved.config, quantize)
     region = resolve_region(settings.region)
     progress.note(f"[1/5] configuration OK ({settings.model_dir}); target: {where()} in {region}")
 
     image_uri = prepare_image(settings, resolved.config, region, progress)
-    if settings.compile_first:
-        compile_before_packing(settings, image_uri, progress)
-    plan = plan_deployment(settings, resolved.config, progress)
     role_arn = settings.role_arn or os.environ.get(ROLE_ENV)
     if not role_arn:
         raise DeployUsageError(
             "no execution role: pass --role arn:aws:iam::ACCOUNT:role/NAME (a role SageMaker can assume "
             f"with read access to the bucket) or set {ROLE_ENV}"
         )
-    return _ship(settings, region, image_uri, role_arn, plan, progress)
+    with ExitStack() as stack:
+        config = resolved.config
+        if chosen is not None:
+            # rootful engines leave root's files in it: removed as far as this user may
+            tmp = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="lmforge-quantized-", ignore_cleanup_errors=True)
+            )
+            out = Path(tmp) / settings.model_dir.resolve().name
+            quantize_before_packing(settings, image_uri, chosen, out, progress)
+            settings = dataclasses.replace(settings, model_dir=out)
+            try:
+                config = load_config(out, env={}).config
+            except ConfigError as exc:
+                raise InvalidConfiguration(exc) from None
+        # LMI-Dist has nothing more to compile once quantized (its --compile note would say otherwise)
+        if settings.compile_first and not (chosen is not None and config.rolling_batch == "lmi-dist"):
+            compile_before_packing(settings, image_uri, progress)
+        plan = plan_deployment(settings, config, progress)
+        return _ship(settings, region, image_uri, role_arn, plan, progress)
 
 
 def _ship(
