@@ -227,6 +227,122 @@ def test_invocation_metrics_are_published_to_cloudwatch(
     sm.delete_endpoint(EndpointName="metrics")
 
 
+def test_each_adapter_component_publishes_its_usage(
+    aws: dict[str, Any],
+    scaling_local: dict[str, str],
+    tiny_model: Path,
+    lora_adapters: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """The usage of each fine-tuned adapter: two adapter components on one base component (the tiny
+    model with LoRA on) count their invocations, errors and latencies under their own
+    ``InferenceComponentName`` in the local CloudWatch, apart from the base's and each other's, read
+    back with ``get_metric_statistics`` and found with ``list_metrics``."""
+    import shutil
+
+    from lmforge.artifacts import package_model
+
+    sm, smr, s3, cw = aws["sagemaker"], aws["sagemaker-runtime"], aws["s3"], aws["cloudwatch"]
+    folder = tmp_path / "lora-model"
+    shutil.copytree(tiny_model, folder)
+    (folder / "serving.properties").write_text(
+        "engine=Python\noption.rolling_batch=lmi-dist\noption.enable_lora=true\noption.max_loras=2\n"
+        "option.max_lora_rank=16\noption.max_rolling_batch_size=8\n"
+    )
+    s3.create_bucket(Bucket="adapter-usage", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    archive = package_model(folder, tmp_path / "model.tar.gz").output
+    s3.upload_file(str(archive), "adapter-usage", "base/model.tar.gz")
+    for name in ("a1", "a2"):
+        for f in lora_adapters[name].iterdir():
+            s3.upload_file(str(f), "adapter-usage", f"adapters/{name}/{f.name}")
+    sm.create_model(
+        ModelName="adapter-usage-model",
+        ExecutionRoleArn=scaling_local["LMFORGE_ROLE_ARN"],
+        PrimaryContainer={"Image": "lmforge:cpu", "ModelDataUrl": "s3://adapter-usage/base/model.tar.gz"},
+    )
+    _endpoint(sm, scaling_local["LMFORGE_ROLE_ARN"], "adapter-usage")
+    _component(sm, "adapter-usage-model", "adapter-usage", "ic-usage-base")
+    for name in ("a1", "a2"):
+        sm.create_inference_component(
+            InferenceComponentName=f"ic-usage-{name}",
+            EndpointName="adapter-usage",
+            Specification={
+                "BaseInferenceComponentName": "ic-usage-base",
+                "Container": {"ArtifactUrl": f"s3://adapter-usage/adapters/{name}/"},
+            },
+        )
+    for name in ("a1", "a2"):
+        eventually(
+            lambda name=name: (
+                sm.describe_inference_component(InferenceComponentName=f"ic-usage-{name}")[
+                    "InferenceComponentStatus"
+                ]
+                == "InService"
+            ),
+            timeout=120,
+            state=lambda name=name: sm.describe_inference_component(
+                InferenceComponentName=f"ic-usage-{name}"
+            ),
+        )
+
+    def invoke(component: str) -> dict[str, Any]:
+        answer = smr.invoke_endpoint(
+            EndpointName="adapter-usage",
+            InferenceComponentName=component,
+            Body=json.dumps({"inputs": "def fibonacci(n):", "parameters": {"max_new_tokens": 4}}),
+            ContentType="application/json",
+        )
+        return dict(json.loads(answer["Body"].read()))
+
+    counts = {"ic-usage-a1": 3, "ic-usage-a2": 1, "ic-usage-base": 2}
+    for component, times in counts.items():
+        for _ in range(times):
+            assert "generated_text" in invoke(component)
+    with pytest.raises(smr.exceptions.ModelError):  # a bad request: an error of that adapter's
+        smr.invoke_endpoint(
+            EndpointName="adapter-usage",
+            InferenceComponentName="ic-usage-a2",
+            Body=b"not json",
+            ContentType="application/json",
+        )
+
+    a1, a2 = {"InferenceComponentName": "ic-usage-a1"}, {"InferenceComponentName": "ic-usage-a2"}
+    expected = [
+        ("Invocations", a1, "Sum", 3.0),
+        ("Invocations", a2, "Sum", 2.0),  # one answered, one the model refused
+        ("Invocations", {"InferenceComponentName": "ic-usage-base"}, "Sum", 2.0),
+        ("InvocationModelErrors", a2, "Sum", 1.0),
+        ("InvocationModelErrors", a1, "Sum", 0.0),
+        ("ModelLatency", a1, "SampleCount", 3.0),
+        ("Invocations", {"EndpointName": "adapter-usage", "VariantName": "AllTraffic"}, "Sum", 7.0),
+    ]
+
+    def published() -> list[tuple[str, dict[str, str], str, float]]:
+        return [(m, d, s, _statistic(cw, m, d, s)) for m, d, s, _ in expected]
+
+    eventually(lambda: published() == expected, timeout=60, state=published)
+    listed = cw.list_metrics(
+        Namespace=NS, Dimensions=[{"Name": "InferenceComponentName", "Value": "ic-usage-a1"}]
+    )["Metrics"]
+    assert {"Invocations", "ModelLatency", "InvocationsPerCopy"} <= {m["MetricName"] for m in listed}
+
+    for name in ("ic-usage-a1", "ic-usage-a2", "ic-usage-base"):
+        sm.delete_inference_component(InferenceComponentName=name)
+        eventually(
+            lambda name=name: (
+                name
+                not in [
+                    c["InferenceComponentName"]
+                    for c in sm.list_inference_components(EndpointNameEquals="adapter-usage")[
+                        "InferenceComponents"
+                    ]
+                ]
+            ),
+            timeout=60,
+        )
+    sm.delete_endpoint(EndpointName="adapter-usage")
+
+
 def _activities(aas: Any, resource: str) -> list[dict[str, Any]]:
     return list(
         aas.describe_scaling_activities(
@@ -261,7 +377,7 @@ def test_a_component_scales_out_in_to_zero_and_back_from_zero(
         MinCapacity=0,
         MaxCapacity=2,
     )
-    aas.put_scaling_policy(
+    tracking = aas.put_scaling_policy(
         PolicyName="per-copy",
         ServiceNamespace="sagemaker",
         ResourceId=resource,
@@ -325,13 +441,19 @@ def test_a_component_scales_out_in_to_zero_and_back_from_zero(
         for t in threads:
             t.join(60)
     assert failures == []
+    high, low = (a["AlarmName"] for a in tracking["Alarms"])  # the policy's alarms, as AWS names them
+    assert high.startswith(f"TargetTracking-{resource}-AlarmHigh-")
+    assert low.startswith(f"TargetTracking-{resource}-AlarmLow-")
     out = _activities(aas, resource)
     assert out[0]["Description"] == "Setting desired copy count to 2."
-    assert out[0]["StatusCode"] == "Successful" and "per-copy" in out[0]["Cause"]
+    assert out[0]["StatusCode"] == "Successful"
+    assert f"monitor alarm {high} in state ALARM triggered policy per-copy" in out[0]["Cause"]
 
     # idle: the policy scales in, down to the target's minimum of 0 copies (and 0 instances)
     _wait_copies(sm, "ic-auto", 0, timeout=240)
-    assert _activities(aas, resource)[0]["Description"] == "Setting desired copy count to 0."
+    scaled_in = _activities(aas, resource)[0]
+    assert scaled_in["Description"] == "Setting desired copy count to 0."
+    assert f"monitor alarm {low} in state ALARM" in scaled_in["Cause"]
     eventually(
         lambda: (
             sm.describe_endpoint(EndpointName="autoscaled")["ProductionVariants"][0]["CurrentInstanceCount"]
@@ -353,7 +475,12 @@ def test_a_component_scales_out_in_to_zero_and_back_from_zero(
 
     aas.deregister_scalable_target(
         ServiceNamespace="sagemaker", ResourceId=resource, ScalableDimension=dimension
+    )  # and with it its policies and the target-tracking alarms, as on AWS
+    assert (
+        aas.describe_scaling_policies(ServiceNamespace="sagemaker", ResourceId=resource)["ScalingPolicies"]
+        == []
     )
+    assert cw.describe_alarms(AlarmNames=[high, low])["MetricAlarms"] == []
     sm.delete_inference_component(InferenceComponentName="ic-auto")
     eventually(
         lambda: not sm.list_inference_components(EndpointNameEquals="autoscaled")["InferenceComponents"],
@@ -436,6 +563,8 @@ def test_lmforge_deploy_autoscales_a_component_from_zero(
         "ic-cli-scale-from-zero": "StepScaling",
     }
     alarm = cw.describe_alarms(AlarmNames=["ic-cli-no-capacity"])["MetricAlarms"][0]
+    tracking = cw.describe_alarms(AlarmNamePrefix=f"TargetTracking-{resource}-")["MetricAlarms"]
+    assert sorted(a["AlarmName"].split("-")[-6] for a in tracking) == ["AlarmHigh", "AlarmLow"]
     step_arn = next(p["PolicyARN"] for p in policies if p["PolicyType"] == "StepScaling")
     assert alarm["AlarmActions"] == [step_arn] and alarm["MetricName"] == "NoCapacityInvocationFailures"
 
@@ -458,6 +587,7 @@ def test_lmforge_deploy_autoscales_a_component_from_zero(
         == []
     )
     assert cw.describe_alarms(AlarmNames=["ic-cli-no-capacity"])["MetricAlarms"] == []
+    assert cw.describe_alarms(AlarmNamePrefix=f"TargetTracking-{resource}-")["MetricAlarms"] == []
 
 
 def test_lmforge_deploy_autoscale_scales_a_variant_out_under_load(
