@@ -176,3 +176,23 @@ def test_lmforge_plan_reads_the_option_from_the_folder(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["kv_cache_dtype"] == "auto" and data["kv_bytes_per_token"] == TINY_ELEMENTS * 2
     assert data["problems"][0].startswith("option.kv_cache_dtype=fp8: LMI-Dist keeps its KV cache")
+
+
+def test_quantizing_at_load_is_in_the_start_time_estimate(tmp_path: Path) -> None:
+    """option.quantize=w8a8 on an unquantized folder: the float checkpoint is read (not the int8 bytes it
+    becomes), then LMI-Dist quantizes it at every start; a quantized checkpoint loads its own bytes."""
+    from lmforge.deploy.plan.timing import JIT_QUANT_BYTES_PER_S, LOAD_BYTES_PER_S
+
+    plain = _plan(_folder(tmp_path / "p", LLAMA_8B, rolling_batch="lmi-dist"), "ml.m5.24xlarge")
+    jit = _plan(
+        _folder(tmp_path / "j", LLAMA_8B, rolling_batch="lmi-dist", quantize="w8a8"), "ml.m5.24xlarge"
+    )
+    assert jit.weights_bytes < plain.weights_bytes and jit.download_bytes == plain.download_bytes
+    assert jit.load_s == pytest.approx(plain.download_bytes / LOAD_BYTES_PER_S, abs=0.1)
+    assert jit.quantize_s == pytest.approx(plain.download_bytes / JIT_QUANT_BYTES_PER_S, abs=0.1)
+    assert plain.quantize_s == 0.0
+    assert any(
+        w.startswith("option.quantize=w8a8 quantizes the weights at every start") for w in jit.warnings
+    )
+    assert f"quantize at load {jit.quantize_s:.0f} s" in render_plan(jit)
+    assert jit.health_check_timeout_s > plain.health_check_timeout_s

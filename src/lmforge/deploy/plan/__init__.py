@@ -174,6 +174,7 @@ def make_plan(
         config_json=config_json,
         notes=notes,
         cpu_instance=instance.is_cpu,
+        quantize_at_load=prec.quantization if prec.runtime_bits is not None else None,
     )
     return _assemble(
         model_dir,
@@ -263,6 +264,7 @@ def _assemble(
         load_s=round(times.load_s, 1),
         start_s=round(times.start_s, 1),
         compile_s=round(times.compile_s, 1),
+        quantize_s=round(times.quantize_s, 1),
         health_check_timeout_s=times.health_check_timeout_s,
         download_timeout_s=times.download_timeout_s,
         fits=fits,

@@ -70,6 +70,8 @@ class DeployPlan:
     load_s: float
     start_s: float
     compile_s: float
+    quantize_s: float
+    """LMI-Dist quantizing the weights at every start (``option.quantize`` on an unquantized folder)."""
     health_check_timeout_s: int
     """Suggested ContainerStartupHealthCheckTimeoutInSeconds."""
     download_timeout_s: int

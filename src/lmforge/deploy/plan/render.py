@@ -49,6 +49,8 @@ def render_plan(plan: DeployPlan) -> str:
     )
     lines.append("")
     compile_part = f" + TensorRT-LLM build {plan.compile_s:.0f} s" if plan.compile_s else ""
+    if plan.quantize_s:
+        compile_part += f" + quantize at load {plan.quantize_s:.0f} s"
     lines.append(
         f"  ContainerStartupHealthCheckTimeoutInSeconds = {plan.health_check_timeout_s}  "
         f"(download {plan.download_s:.0f} s + load {plan.load_s:.0f} s + start {plan.start_s:.0f} s"
