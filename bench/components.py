@@ -11,8 +11,13 @@ each with ``--autoscale 0:2`` (target tracking on invocations per copy, and the 
 * **scale from zero**, per component: at 0 copies, the first invocation is refused (SageMaker's
   no-capacity error); the client retries every 0.2 s; the figure is the time from the refused request
   to the first answer (the alarm's period, the step policy, the copy's start);
-* **1 -> 2 copies under load** (SmolLM2): four clients invoke without pause; the time from the start
-  of the load to ``CurrentCopyCount`` 2, by the target-tracking policy;
+* **1 -> 2 copies under load** (SmolLM2): the component at 1 copy with a minimum of 1 for this step
+  (so that neither the low alarm of its idle periods nor the step policy from zero can move it), and
+  its high alarm and the step policy's alarm out of ``ALARM``; then four clients invoke without
+  pause; the figure is the time from the start of the load to ``CurrentCopyCount`` 2, and to the
+  scaling activity that asked for it, which must be the target-tracking policy's (its cause names
+  the policy's ``TargetTracking-...-AlarmHigh-...`` alarm; another cause fails the run rather than
+  record a figure that is not this one);
 * **requests lost during a scale-in** (SmolLM2, scaling deregistered so nothing fights it): two
   clients invoke while ``UpdateInferenceComponentRuntimeConfig`` takes 2 copies to 1; failed
   requests counted (goal 0);
@@ -20,8 +25,10 @@ each with ``--autoscale 0:2`` (target tracking on invocations per copy, and the 
   batch): two clients invoke while ``UpdateInferenceComponent`` replaces both copies; failed
   requests counted (goal 0).
 
-Usage: python -m bench.components [--mode process|image] [--period S] [--out FILE]
-(default FILE: bench/results/components-smollm2-135m.json)
+Usage: python -m bench.components [--mode process|image] [--period S] [--models smollm2,tiny]
+[--clients N] [--out FILE]. ``--models``: the components deployed, the first of them the one scaled
+out, in and rolled (``--models tiny`` is a quick check of the bench itself); default FILE:
+bench/results/components-smollm2-135m.json for the default models, else /tmp/components-<models>.json.
 """
 
 from __future__ import annotations
@@ -115,6 +122,88 @@ class Load:
             time.sleep(0.1)
 
 
+def tracking_alarm(aas: Any, component: str) -> str:
+    """The name of the high alarm of ``component``'s target-tracking policy (what a scale-out by that
+    policy names as its cause)."""
+    from lmforge.deploy import autoscaling
+
+    rid = autoscaling.component_resource_id(component)
+    policies = aas.describe_scaling_policies(ServiceNamespace="sagemaker", ResourceId=rid)["ScalingPolicies"]
+    for policy in policies:
+        if policy["PolicyType"] == "TargetTrackingScaling":
+            for alarm in policy.get("Alarms") or []:
+                if alarm["AlarmName"].startswith(f"TargetTracking-{rid}-AlarmHigh-"):
+                    return str(alarm["AlarmName"])
+    raise RuntimeError(f"{rid} has no target-tracking policy with a high alarm: {policies}")
+
+
+def wait_not_alarming(cw: Any, names: list[str], timeout: float = 300) -> None:
+    """Until none of the alarms ``names`` is in ``ALARM`` (the evaluator judges them each period)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        alarms = cw.describe_alarms(AlarmNames=names)["MetricAlarms"]
+        if all(a["StateValue"] != "ALARM" for a in alarms):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"alarms {names} still in ALARM after {timeout} s")
+
+
+def scale_out(sm: Any, rt: Any, aas: Any, cw: Any, component: str, clients: int) -> dict[str, Any]:
+    """1 -> 2 copies under load, by the target-tracking policy (see the module's docstring)."""
+    from lmforge.deploy import autoscaling
+
+    rid = autoscaling.component_resource_id(component)
+    high = tracking_alarm(aas, component)
+    aas.register_scalable_target(  # a minimum of 1 for this step: nothing but a scale-out can move it
+        ServiceNamespace="sagemaker",
+        ResourceId=rid,
+        ScalableDimension=autoscaling.COMPONENT_DIMENSION,
+        MinCapacity=1,
+        MaxCapacity=2,
+    )
+    sm.update_inference_component_runtime_config(
+        InferenceComponentName=component, DesiredRuntimeConfig={"CopyCount": 1}
+    )
+    wait_copies(sm, component, 1)
+    wait_not_alarming(cw, [high, autoscaling.component_names(component)[2]])
+
+    def activities() -> list[dict[str, Any]]:
+        return list(
+            aas.describe_scaling_activities(
+                ServiceNamespace="sagemaker",
+                ResourceId=rid,
+                ScalableDimension=autoscaling.COMPONENT_DIMENSION,
+            )["ScalingActivities"]
+        )
+
+    before = {a["ActivityId"] for a in activities()}
+    wall, started = time.time(), time.monotonic()
+    with Load(rt, component, clients) as load:
+        wait_copies(sm, component, 2)
+        out_s = time.monotonic() - started
+        load.more(10)
+    new = [a for a in activities() if a["ActivityId"] not in before]
+    asked = [a for a in new if a["Description"] == "Setting desired copy count to 2."]
+    if not asked or high not in asked[-1]["Cause"]:
+        raise RuntimeError(f"{component} reached 2 copies, but not by its target-tracking policy: {new}")
+    start = asked[-1]["StartTime"]
+    policy_s = (start.timestamp() if hasattr(start, "timestamp") else float(start)) - wall
+    print(
+        f"{component}: 1 -> 2 copies under load in {out_s:.1f} s (the policy asked after {policy_s:.1f} s; "
+        f"{len(load.failures)} failed)",
+        flush=True,
+    )
+    return {
+        "seconds": round(out_s, 2),
+        "policy_s": round(policy_s, 2),
+        "cause": asked[-1]["Cause"],
+        "clients": clients,
+        "answers": load.answers,
+        "failed": len(load.failures),
+        "failures": load.failures[:5],
+    }
+
+
 def scale_from_zero(sm: Any, rt: Any, component: str) -> dict[str, Any]:
     sm.update_inference_component_runtime_config(
         InferenceComponentName=component, DesiredRuntimeConfig={"CopyCount": 0}
@@ -161,9 +250,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="inference components: scale from zero, out, in, rolling")
     parser.add_argument("--mode", choices=("image", "process"), default="process")
     parser.add_argument("--period", type=float, default=1.0, help="LMFORGE_LOCAL_METRICS_PERIOD_S")
+    parser.add_argument(
+        "--models",
+        default=",".join(COMPONENTS),
+        help="the components to deploy, comma-separated (of: %(default)s); the first is scaled and rolled",
+    )
+    parser.add_argument("--clients", type=int, default=4, help="clients of the 1 -> 2 load")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    out = args.out or RESULTS / f"components-{SMOLLM2}.json"
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in COMPONENTS]
+    if not names or unknown or len(set(names)) != len(names):
+        parser.error(f"--models {args.models!r}: name each of {', '.join(COMPONENTS)} at most once")
+    if args.clients < 1:
+        parser.error(f"--clients {args.clients}: at least 1")
+    components = {n: COMPONENTS[n] for n in names}
+    scaled = names[0]
+    default = names == list(COMPONENTS)
+    out = args.out or (
+        RESULTS / f"components-{SMOLLM2}.json" if default else Path(f"/tmp/components-{'-'.join(names)}.json")
+    )
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -190,7 +296,7 @@ def main() -> None:
             aas = boto3.client("application-autoscaling", endpoint_url=env["AWS_ENDPOINT_URL"], **keys)
             cw = boto3.client("cloudwatch", endpoint_url=env["AWS_ENDPOINT_URL"], **keys)
             deploy_s = {}
-            for name, (model, cpus, memory) in COMPONENTS.items():
+            for name, (model, cpus, memory) in components.items():
                 folder = write_model(model, root / name)
                 (folder / "serving.properties").write_text(PROPERTIES)
                 started = time.monotonic()
@@ -211,37 +317,19 @@ def main() -> None:
                 )
                 print(f"{name}: deployed in {deploy_s[name]:.1f} s", flush=True)
             figures["deploy_s"] = deploy_s
-            figures["scale_from_zero"] = {name: scale_from_zero(sm, rt, name) for name in COMPONENTS}
+            figures["scale_from_zero"] = {name: scale_from_zero(sm, rt, name) for name in components}
 
-            sm.update_inference_component_runtime_config(  # from one copy, whatever the step policy reached
-                InferenceComponentName="smollm2", DesiredRuntimeConfig={"CopyCount": 1}
-            )
-            wait_copies(sm, "smollm2", 1)
-            started = time.monotonic()
-            with Load(rt, "smollm2", 4) as load:
-                wait_copies(sm, "smollm2", 2)
-                out_s = time.monotonic() - started
-                load.more(10)
-            print(
-                f"smollm2: 1 -> 2 copies under load in {out_s:.1f} s ({len(load.failures)} failed)",
-                flush=True,
-            )
-            figures["scale_out_1_to_2"] = {
-                "seconds": round(out_s, 2),
-                "clients": 4,
-                "answers": load.answers,
-                "failed": len(load.failures),
-            }
+            figures["scale_out_1_to_2"] = scale_out(sm, rt, aas, cw, scaled, args.clients)
 
-            autoscaling.deregister_component(aas, cw, "smollm2", lambda line: print(line, flush=True))
-            with Load(rt, "smollm2", 2) as load:
+            autoscaling.deregister_component(aas, cw, scaled, lambda line: print(line, flush=True))
+            with Load(rt, scaled, 2) as load:
                 load.more(5)
                 sm.update_inference_component_runtime_config(
-                    InferenceComponentName="smollm2", DesiredRuntimeConfig={"CopyCount": 1}
+                    InferenceComponentName=scaled, DesiredRuntimeConfig={"CopyCount": 1}
                 )
-                wait_copies(sm, "smollm2", 1)
+                wait_copies(sm, scaled, 1)
                 load.more(20)
-            print(f"smollm2: scale-in 2 -> 1: {len(load.failures)} of {load.answers} lost", flush=True)
+            print(f"{scaled}: scale-in 2 -> 1: {len(load.failures)} of {load.answers} lost", flush=True)
             figures["scale_in_2_to_1"] = {
                 "answers": load.answers,
                 "lost": len(load.failures),
@@ -249,20 +337,20 @@ def main() -> None:
             }
 
             sm.update_inference_component_runtime_config(
-                InferenceComponentName="smollm2", DesiredRuntimeConfig={"CopyCount": 2}
+                InferenceComponentName=scaled, DesiredRuntimeConfig={"CopyCount": 2}
             )
-            wait_copies(sm, "smollm2", 2)
-            spec = sm.describe_inference_component(InferenceComponentName="smollm2")["Specification"]
+            wait_copies(sm, scaled, 2)
+            spec = sm.describe_inference_component(InferenceComponentName=scaled)["Specification"]
             new_spec = {
                 "ModelName": spec["ModelName"],
                 "ComputeResourceRequirements": spec["ComputeResourceRequirements"],
                 "Container": {"Environment": {"BENCH_ROLL": "1"}},
             }
-            with Load(rt, "smollm2", 2) as load:
+            with Load(rt, scaled, 2) as load:
                 load.more(5)
                 started = time.monotonic()
                 sm.update_inference_component(
-                    InferenceComponentName="smollm2",
+                    InferenceComponentName=scaled,
                     Specification=new_spec,
                     DeploymentConfig={
                         "RollingUpdatePolicy": {
@@ -272,7 +360,7 @@ def main() -> None:
                     },
                 )
                 while True:
-                    desc = sm.describe_inference_component(InferenceComponentName="smollm2")
+                    desc = sm.describe_inference_component(InferenceComponentName=scaled)
                     env_now = (desc["Specification"].get("Container") or {}).get("Environment")
                     if desc["InferenceComponentStatus"] == "InService" and env_now == {"BENCH_ROLL": "1"}:
                         break
@@ -282,7 +370,7 @@ def main() -> None:
                 roll_s = time.monotonic() - started
                 load.more(20)
             print(
-                f"smollm2: rolling update in {roll_s:.1f} s: {len(load.failures)} of {load.answers} lost",
+                f"{scaled}: rolling update in {roll_s:.1f} s: {len(load.failures)} of {load.answers} lost",
                 flush=True,
             )
             figures["rolling_update"] = {
@@ -302,14 +390,17 @@ def main() -> None:
         "versions": versions(),
         "command": "python -m bench.components"
         + ("" if args.mode == "process" else f" --mode {args.mode}")
-        + ("" if args.period == 1.0 else f" --period {args.period:g}"),
-        "models": {name: DESCRIPTIONS[model] for name, (model, _, _) in COMPONENTS.items()},
+        + ("" if args.period == 1.0 else f" --period {args.period:g}")
+        + ("" if default else f" --models {','.join(names)}")
+        + ("" if args.clients == 4 else f" --clients {args.clients}"),
+        "models": {name: DESCRIPTIONS[model] for name, (model, _, _) in components.items()},
         "settings": {
             "mode": args.mode,
             "instance_type": INSTANCE_TYPE,
             "metrics_period_s": args.period,
             "properties": PROPERTIES,
-            "requirements": {name: {"cpus": c, "memory_mb": m} for name, (_, c, m) in COMPONENTS.items()},
+            "requirements": {name: {"cpus": c, "memory_mb": m} for name, (_, c, m) in components.items()},
+            "scaled": scaled,
             "autoscale": "0:2, target 4 invocations per copy per period, no cooldowns",
         },
         **figures,
@@ -330,6 +421,7 @@ def report(result: dict[str, Any]) -> str:
         result["rolling_update"],
     )
     settings = result["settings"]
+    scaled = settings.get("scaled", "smollm2")
     zero_table = record.table(
         [
             "component",
@@ -343,8 +435,17 @@ def report(result: dict[str, Any]) -> str:
         ["figure", "value"],
         [
             [
-                f"SmolLM2 1 -> 2 copies under load ({scale_out['clients']} clients), by the policy (s)",
+                f"{scaled} 1 -> 2 copies under load ({scale_out['clients']} clients): load start -> the "
+                "target-tracking policy's scale-out (s)",
+                f"{scale_out['policy_s']:.1f}" if "policy_s" in scale_out else "?",
+            ],
+            [
+                f"{scaled} 1 -> 2 copies under load: load start -> 2 copies serving (s)",
                 f"{scale_out['seconds']:.1f}",
+            ],
+            [
+                "requests failed during the scale-out (goal 0)",
+                f"{scale_out['failed']} of {scale_out['answers'] + scale_out['failed']}",
             ],
             [
                 "requests lost during a scale-in 2 -> 1 (goal 0)",
@@ -360,13 +461,15 @@ def report(result: dict[str, Any]) -> str:
             ],
         ],
     )
+    models = " and ".join(f"`{name}` ({text.split(' (')[0]})" for name, text in result["models"].items())
     return f"""## Inference components: scale from zero, out, in and rolling (`bench/components.py`)
 
-Two components on one {settings["instance_type"]} endpoint of the local SageMaker ({settings["mode"]}
-mode, metrics and scaling every {settings["metrics_period_s"]:g} s): SmolLM2-135M and the tiny model
+Components on one {settings["instance_type"]} endpoint of the local SageMaker ({settings["mode"]}
+mode, metrics and scaling every {settings["metrics_period_s"]:g} s): {models}
 (LMI-Dist, fp32), each `lmforge deploy --inference-component` with scaling as `--autoscale 0:2`
 registers it (target tracking on invocations per copy, step policy on `NoCapacityInvocationFailures`
-from zero; no cooldowns).
+from zero; no cooldowns). The 1 -> 2 scale-out starts at 1 copy with a minimum of 1 and is the
+target-tracking policy's (its high alarm is the scaling activity's cause).
 
 {zero_table}
 
