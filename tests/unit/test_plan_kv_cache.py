@@ -196,3 +196,24 @@ def test_quantizing_at_load_is_in_the_start_time_estimate(tmp_path: Path) -> Non
     )
     assert f"quantize at load {jit.quantize_s:.0f} s" in render_plan(jit)
     assert jit.health_check_timeout_s > plain.health_check_timeout_s
+
+
+def test_lmi_dist_quantizing_at_load_counts_its_int8_lm_head(tmp_path: Path) -> None:
+    """LMI-Dist's w8a8 at load takes every linear layer, the LM head included (a fifth of a small
+    model's bytes); a head tied to the embedding gets an int8 copy while the embedding stays float."""
+    untied = _folder(tmp_path / "u", LLAMA_8B, rolling_batch="lmi-dist", quantize="w8a8")
+    plan = _plan(untied, "ml.m5.24xlarge")
+    # linear 1 B; embedding bf16 (128256 x 4096 x 2); head 1 B (128256 x 4096); norms bf16 (266,240 x 2)
+    assert plan.weights_bytes == 6_979_321_856 + 1_050_673_152 + 525_336_576 + 532_480
+
+    tied = _folder(tmp_path / "t", {**TINY, "tie_word_embeddings": True}, rolling_batch="lmi-dist",
+                   quantize="w8a8", dtype="fp32")  # fmt: skip
+    _safetensors(
+        tied / "model.safetensors",
+        {
+            "model.embed_tokens.weight": ("F32", [100, 64]),
+            "model.layers.0.mlp.up_proj.weight": ("F32", [128, 64]),
+        },
+    )
+    # the float32 embedding, the int8 linear layer, and the int8 copy of the tied head
+    assert _plan(tied, "ml.m5.xlarge").weights_bytes == 100 * 64 * 4 + 128 * 64 + 100 * 64

@@ -111,16 +111,33 @@ def _is_unquantized_name(name: str) -> bool:
     return any(part in lowered for part in _UNQUANTIZED_NAME_PARTS)
 
 
-def weights_from_tensors(tensors: list[TensorInfo], act_bytes: int, runtime_bits: float | None) -> int:
+def _is_head(name: str) -> bool:
+    return "lm_head" in name.lower()
+
+
+def weights_from_tensors(
+    tensors: list[TensorInfo],
+    act_bytes: int,
+    runtime_bits: float | None,
+    head_bits: float | None = None,
+    tied_head: int = 0,
+) -> int:
+    """The weights' bytes: float tensors in the compute dtype, or at ``runtime_bits`` for the linear
+    ones quantized at load (``head_bits``: the LM head too; ``tied_head`` parameters of a head tied to the
+    embedding get a quantized copy of their own then), the others as stored."""
     total = 0.0
     for t in tensors:
         if t.dtype in _FLOAT_DTYPES:
-            if runtime_bits is not None and len(t.shape) == 2 and not _is_unquantized_name(t.name):
+            if head_bits is not None and len(t.shape) == 2 and _is_head(t.name):
+                total += t.numel * head_bits / 8
+            elif runtime_bits is not None and len(t.shape) == 2 and not _is_unquantized_name(t.name):
                 total += t.numel * runtime_bits / 8
             else:
                 total += t.numel * act_bytes
         else:
             total += t.nbytes
+    if head_bits is not None and not any(_is_head(t.name) for t in tensors):
+        total += tied_head * head_bits / 8
     return math.ceil(total)
 
 
@@ -133,6 +150,9 @@ class Precision:
     """The checkpoint's quantization, or the on-the-fly one of option.quantize."""
     runtime_bits: float | None
     """Bits per quantized weight of an on-the-fly quantization."""
+    head_bits: float | None = None
+    """Bits per LM-head weight when the on-the-fly quantization takes the head too (LMI-Dist's w8a8:
+    every linear layer; a head tied to the embedding gets an int8 copy, the embedding stays float)."""
 
 
 def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:
@@ -166,7 +186,9 @@ def precision(config: ServingConfig, shape: ModelShape, instance: InstanceType, 
             notes.warnings.append(f"option.quantize={config.quantize}: unknown method, planned unquantized")
     elif shape.quant_method is not None and shape.quant_bits is None:
         notes.warnings.append(f"quantization {shape.quant_method}: unknown size, planned as unquantized")
-    return Precision(dtype, DTYPE_BYTES[dtype], quantization, runtime_bits)
+    # LMI-Dist quantizes every linear layer at load, the LM head included (cpu_linear.quantize_int8)
+    head_bits = runtime_bits if quantization == "w8a8" and config.rolling_batch == "lmi-dist" else None
+    return Precision(dtype, DTYPE_BYTES[dtype], quantization, runtime_bits, head_bits)
 
 
 @dataclass(frozen=True)
@@ -190,14 +212,24 @@ def size_weights(config: ServingConfig, shape: ModelShape, prec: Precision, note
     act_bytes = prec.act_bytes
     if tensors:
         return Weights(
-            bytes=weights_from_tensors(tensors, act_bytes, prec.runtime_bits),
+            bytes=weights_from_tensors(
+                tensors,
+                act_bytes,
+                prec.runtime_bits,
+                prec.head_bits,
+                shape.vocab_size * shape.hidden_size if shape.tie_word_embeddings else 0,
+            ),
             download_bytes=sum(f.stat().st_size for f in files),
             source=f"safetensors headers of {len(files)} file(s)",
             parameters=shape.parameters() if shape.quant_method else sum(t.numel for t in tensors),
         )
     bits = prec.runtime_bits or shape.quant_bits
     linear_bytes = shape.linear_parameters() * (bits / 8 if bits else act_bytes)
-    weights_bytes = math.ceil(linear_bytes + shape.other_parameters() * act_bytes)
+    other_bytes: float = shape.other_parameters() * act_bytes
+    if prec.head_bits is not None:  # the head quantized: a copy of a tied one, else in place
+        head = shape.vocab_size * shape.hidden_size
+        other_bytes += head * prec.head_bits / 8 - (0 if shape.tie_word_embeddings else head * act_bytes)
+    weights_bytes = math.ceil(linear_bytes + other_bytes)
     checkpoint_bytes = DTYPE_BYTES.get(shape.checkpoint_dtype or "", act_bytes)
     download_bytes = weights_bytes if shape.quant_bits else math.ceil(shape.parameters() * checkpoint_bytes)
     return Weights(weights_bytes, download_bytes, "estimated from config.json", shape.parameters())
