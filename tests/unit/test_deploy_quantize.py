@@ -127,3 +127,64 @@ def test_in_the_image_the_checkpoint_is_written_to_a_mounted_folder_of_its_own(t
     assert f"{out.parent.resolve()}:{QUANT_MOUNT}:rw" in engine_args
     assert f"{model.resolve()}:/opt/ml/model:rw" in engine_args
     assert "OPTION_DTYPE=fp32" in engine_args and "none" in engine_args  # the endpoint's env, no network
+
+
+FAKE_ENGINE = """#!/bin/sh
+# a container engine: `image exists` answers $IMAGE_RC; `run` records its arguments, writes a checkpoint
+# into the folder mounted at the quantized mount and exits $RUN_RC
+if [ "$1 $2" = "image exists" ]; then exit "${IMAGE_RC:-0}"; fi
+printf '%s\\n' "$@" > "$RECORD"
+for arg in "$@"; do
+  case "$arg" in *:/opt/lmforge-quantized:rw) out="${arg%%:*}";; esac
+done
+mkdir -p "$out/model" && echo '{}' > "$out/model/config.json"
+exit "${RUN_RC:-0}"
+"""
+
+
+def _fake_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from lmforge.container import engine as engines
+
+    script = tmp_path / "bin" / "podman"
+    script.parent.mkdir()
+    script.write_text(FAKE_ENGINE)
+    script.chmod(0o755)
+    monkeypatch.setattr(engines, "detect", lambda _name=None: ContainerEngine("podman", str(script)))
+    record = tmp_path / "argv"
+    monkeypatch.setenv("RECORD", str(record))
+    return record
+
+
+def test_with_lmforges_image_the_image_quantizes(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the local SageMaker's process mode: the image the endpoint runs writes the checkpoint."""
+    from lmforge.deploy.precompile import quantize_before_packing
+    from lmforge.deploy.progress import Progress
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SAGEMAKER", "LMFORGE_LOCAL_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    record = _fake_engine(tmp_path, monkeypatch)
+    notes: list[str] = []
+    settings = _settings(tiny_model, environment={"OPTION_DTYPE": "fp32"})
+    out = tmp_path / "q" / "model"
+    uri = "123456789012.dkr.ecr.us-west-2.amazonaws.com/lmforge-cpu:0.1.0"
+    quantize_before_packing(settings, uri, METHODS["w8a8"], out, Progress(note=notes.append))
+    assert (out / "config.json").is_file()
+    argv = record.read_text().splitlines()
+    assert argv[argv.index("lmforge/cpu:0.1.0") + 1 :] == [
+        "compile", "/opt/ml/model", "--quantize", "w8a8", "--output", f"{QUANT_MOUNT}/model"
+    ]  # fmt: skip
+    assert "OPTION_DTYPE=fp32" in argv
+    assert any("--quantize w8a8: quantizing inside lmforge/cpu:0.1.0" in n for n in notes)
+
+    from lmforge.deploy import DeployError
+
+    monkeypatch.setenv("RUN_RC", "3")
+    with pytest.raises(DeployError, match=r"lmforge compile inside lmforge/cpu:0.1.0 exited 3"):
+        quantize_before_packing(settings, uri, METHODS["w8a8"], out, Progress(note=notes.append))
+    monkeypatch.setenv("IMAGE_RC", "1")
+    with pytest.raises(
+        DeployError, match=r"lmforge/cpu:0.1.0 is not in podman's image store; build it first"
+    ):
+        quantize_before_packing(settings, uri, METHODS["w8a8"], out, Progress(note=notes.append))
