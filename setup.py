@@ -13,6 +13,7 @@ setup(
             "lmforge.engines.lmi_dist._lora_kernel",
             sources=["src/lmforge/engines/lmi_dist/lora_kernel.c"],
             extra_compile_args=["-O3"],
+            libraries=["m"],  # fmaf: the portable path's fused multiply-adds
             optional=True,
         )
     ]

@@ -1,127 +1,178 @@
-/* LMI-Dist's fused LoRA pass for a CPU decode step: out[row] += (x[row] A^T)(s B^T) of each row's own
- * adapter, in one call per adapted layer that reads each adapter's factors once, front to back.
+/* LMI-Dist's LoRA pass on the CPU: out[row] += (x[row] A^T)(s B^T) of each row's own adapter, in one
+ * call per adapted layer that reads each adapter's factors once, front to back.
  *
  * Built by setuptools as lmforge/engines/lmi_dist/_lora_kernel*.so (a plain shared library, no Python
  * API: lmforge.engines.lmi_dist.lora_kernel loads it with ctypes). It reads each adapter's factors
- * where the adapter's host copy keeps them (lora.LoraLayers._read): A^T as [in, r] and (s B)^T as
- * [r, n], float32, C-contiguous, r the adapter's own rank. A table gives, per adapter of the step, the
- * addresses of its two factors for this layer and its rank, so a step whose set of adapters changes
- * stacks nothing.
+ * where the adapter's host copy keeps them (lora.LoraLayers._read), or a step's stacked copy of them
+ * (lora_mixed.build_stacks): A^T as [in, r] and (s B)^T as [r, n], float32, C-contiguous. A table
+ * gives, per adapter of the step, the addresses of its two factors for this layer and its rank, so a
+ * step whose set of adapters changes stacks nothing.
  *
  * Why: in a decode step each adapter has one or a few rows, so its two products are matrix-vector
  * products over 18-48 KB of factors that arrive from memory. Two batched BLAS products per layer pay
  * a BLAS call's fixed cost twice and read the factors in the order a GEMM tiles them; this pass
  * streams them (docs/performance.md, "LoRA adapters on LMI-Dist").
  *
+ * Batch-invariant: a row's delta is one fixed sequence of float32 operations on that row's own x, its
+ * adapter's factors and its own out, whatever the other rows, their number, the row's place among them
+ * or the chunk it falls in. Per rank lane j, h_j = (p0 + p1) + (p2 + p3), where p_u is the fused
+ * multiply-add chain over the inputs i = u mod 4 of the unrolled part, the last in % 4 inputs going
+ * into p0; then out[c] = fma(h_j, bt[j][c], out[c]) for j = 0, 1, ..., r - 1. A lane's sums do not
+ * depend on the lanes beside it, so ranks padded with zero columns and rows (a step's stack) give the
+ * same bits as the adapter's own rank; the AVX2 path (8 lanes, the last rank lanes masked) and the
+ * portable path (scalar fmaf) run that same sequence, so they agree bit for bit. The next layer then
+ * sees the same input alone or in a crowd: an int8 layer's per-token activation scale, or an int4
+ * layer's bfloat16 cast, cannot round it one step apart.
+ *
  * The AVX2+FMA path is picked at run time (function attributes, __builtin_cpu_supports), so the
- * library loads on any x86-64 CPU; other CPUs (aarch64) get the portable loop, which the compiler
- * vectorizes. Results equal the batched products to float32 rounding (they sum in another order).
+ * library loads on any x86-64 CPU; other CPUs (aarch64) get the portable loop.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* rows of one adapter handled together: their rank-r intermediates live in a stack buffer */
-#define CHUNK 8
 #define MAX_RANK 512
+
+/* h[j] = x A^T for one row, lane by lane in the fixed order above */
+static void down_portable(const float *xt, const float *at_a, int64_t r, int64_t in, float *h) {
+  const int64_t body = in - in % 4;
+  for (int64_t j = 0; j < r; j++) {
+    float p0 = 0.0f, p1 = 0.0f, p2 = 0.0f, p3 = 0.0f;
+    const float *aj = at_a + j;
+    int64_t i = 0;
+    for (; i < body; i += 4) {
+      p0 = fmaf(xt[i], aj[i * r], p0);
+      p1 = fmaf(xt[i + 1], aj[(i + 1) * r], p1);
+      p2 = fmaf(xt[i + 2], aj[(i + 2) * r], p2);
+      p3 = fmaf(xt[i + 3], aj[(i + 3) * r], p3);
+    }
+    for (; i < in; i++) p0 = fmaf(xt[i], aj[i * r], p0);
+    h[j] = (p0 + p1) + (p2 + p3);
+  }
+}
+
+/* o[c] = fma(h[j], bt[j][c], o[c]) for j in order, for one row */
+static void up_portable(const float *h, const float *bt_a, int64_t r, int64_t n, float *o) {
+  for (int64_t c = 0; c < n; c++) {
+    float sum = o[c];
+    for (int64_t j = 0; j < r; j++) sum = fmaf(h[j], bt_a[j * n + c], sum);
+    o[c] = sum;
+  }
+}
 
 /* One adapter's rows: slot s is row rows[s] (-1: padding) or first + s when rows is NULL. */
 static void adapter_portable(const float *x, float *out, const float *at_a, const float *bt_a, int64_t r,
                              const int64_t *rows, int64_t first, int64_t slots, int64_t in, int64_t n,
                              int64_t x_stride, int64_t out_stride) {
-  float h[CHUNK * MAX_RANK];
-  for (int64_t s0 = 0; s0 < slots; s0 += CHUNK) {
-    int64_t m = slots - s0 < CHUNK ? slots - s0 : CHUNK;
-    int64_t row[CHUNK];
-    for (int64_t t = 0; t < m; t++) row[t] = rows ? rows[s0 + t] : first + s0 + t;
-    for (int64_t t = 0; t < m * r; t++) h[t] = 0.0f;
-    for (int64_t i = 0; i < in; i++) {
-      const float *ai = at_a + i * r;
-      for (int64_t t = 0; t < m; t++) {
-        if (row[t] < 0) continue;
-        float xi = x[row[t] * x_stride + i];
-        float *ht = h + t * r;
-        for (int64_t j = 0; j < r; j++) ht[j] += xi * ai[j];
-      }
-    }
-    for (int64_t t = 0; t < m; t++) {
-      if (row[t] < 0) continue;
-      float *o = out + row[t] * out_stride;
-      const float *ht = h + t * r;
-      for (int64_t j = 0; j < r; j++) {
-        const float *bj = bt_a + j * n;
-        float hj = ht[j];
-        for (int64_t c = 0; c < n; c++) o[c] += hj * bj[c];
-      }
-    }
+  float h[MAX_RANK];
+  for (int64_t s = 0; s < slots; s++) {
+    int64_t row = rows ? rows[s] : first + s;
+    if (row < 0) continue;
+    down_portable(x + row * x_stride, at_a, r, in, h);
+    up_portable(h, bt_a, r, n, out + row * out_stride);
   }
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* r a multiple of 4: each row's intermediate is r / 8 vectors of 8 lanes, then one of 4 when r % 8 = 4. */
+/* the lanes of the last group of 8 rank lanes that are in the rank (all 8 when r % 8 == 0) */
+__attribute__((target("avx2,fma"))) static __m256i lane_mask(int64_t lanes) {
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)lanes), index);
+}
+
+/* ROWS rows at once (1 or 2): they share the loads of A^T and of (s B)^T; each row's lanes run the
+ * fixed sequence on their own accumulators, so the pairing changes no bit. */
+#define DOWN_GROUP(ROWS, LOAD)                                                                      \
+  do {                                                                                              \
+    __m256 acc[ROWS][4];                                                                            \
+    for (int t = 0; t < ROWS; t++)                                                                  \
+      for (int u = 0; u < 4; u++) acc[t][u] = _mm256_setzero_ps();                                  \
+    int64_t i = 0;                                                                                  \
+    for (; i < body; i += 4) {                                                                      \
+      for (int u = 0; u < 4; u++) {                                                                 \
+        __m256 a = LOAD(ag + (i + u) * r);                                                          \
+        for (int t = 0; t < ROWS; t++)                                                              \
+          acc[t][u] = _mm256_fmadd_ps(_mm256_set1_ps(xs[t][i + u]), a, acc[t][u]);                  \
+      }                                                                                             \
+    }                                                                                               \
+    for (; i < in; i++) {                                                                           \
+      __m256 a = LOAD(ag + i * r);                                                                  \
+      for (int t = 0; t < ROWS; t++) acc[t][0] = _mm256_fmadd_ps(_mm256_set1_ps(xs[t][i]), a, acc[t][0]); \
+    }                                                                                               \
+    for (int t = 0; t < ROWS; t++)                                                                  \
+      hs[t][g] = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3])); \
+  } while (0)
+
+#define FULL_LOAD(p) _mm256_loadu_ps(p)
+#define MASK_LOAD(p) _mm256_maskload_ps((p), mask)
+
+/* h = x A^T for ROWS rows, into hs[t][g] (8 lanes each; lanes past the rank are 0) */
+#define DOWN(ROWS)                                                                                  \
+  do {                                                                                              \
+    int64_t g = 0;                                                                                  \
+    for (; 8 * (g + 1) <= r; g++) {                                                                 \
+      const float *ag = at_a + 8 * g;                                                               \
+      DOWN_GROUP(ROWS, FULL_LOAD);                                                                  \
+    }                                                                                               \
+    if (r % 8) {                                                                                    \
+      const float *ag = at_a + 8 * g;                                                               \
+      DOWN_GROUP(ROWS, MASK_LOAD);                                                                  \
+    }                                                                                               \
+  } while (0)
+
+__attribute__((target("avx2,fma"))) static void up_avx2(const float *ht, const float *bt_a, int64_t r,
+                                                         int64_t n, float *o) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    __m256 acc0 = _mm256_loadu_ps(o + c), acc1 = _mm256_loadu_ps(o + c + 8);
+    for (int64_t j = 0; j < r; j++) {
+      __m256 hj = _mm256_set1_ps(ht[j]);
+      acc0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(bt_a + j * n + c), acc0);
+      acc1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(bt_a + j * n + c + 8), acc1);
+    }
+    _mm256_storeu_ps(o + c, acc0);
+    _mm256_storeu_ps(o + c + 8, acc1);
+  }
+  for (; c + 8 <= n; c += 8) {
+    __m256 acc = _mm256_loadu_ps(o + c);
+    for (int64_t j = 0; j < r; j++)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(ht[j]), _mm256_loadu_ps(bt_a + j * n + c), acc);
+    _mm256_storeu_ps(o + c, acc);
+  }
+  for (; c < n; c++) {
+    float sum = o[c];
+    for (int64_t j = 0; j < r; j++) sum = fmaf(ht[j], bt_a[j * n + c], sum);
+    o[c] = sum;
+  }
+}
+
 __attribute__((target("avx2,fma"))) static void adapter_avx2(
     const float *x, float *out, const float *at_a, const float *bt_a, int64_t r, const int64_t *rows,
     int64_t first, int64_t slots, int64_t in, int64_t n, int64_t x_stride, int64_t out_stride) {
-  float h[CHUNK * MAX_RANK];
-  const int64_t q = r / 8;
-  for (int64_t s0 = 0; s0 < slots; s0 += CHUNK) {
-    int64_t m = slots - s0 < CHUNK ? slots - s0 : CHUNK;
-    int64_t row[CHUNK];
-    for (int64_t t = 0; t < m; t++) row[t] = rows ? rows[s0 + t] : first + s0 + t;
-    /* h[t] = x[row t] A^T: A^T's rows (r floats each) are read in order, once per chunk */
-    for (int64_t t = 0; t < m; t++) {
-      if (row[t] < 0) continue;
-      const float *xt = x + row[t] * x_stride;
-      for (int64_t g = 0; g < q; g++) {
-        const float *ag = at_a + 8 * g;
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 4 <= in; i += 4) {
-          acc0 = _mm256_fmadd_ps(_mm256_set1_ps(xt[i]), _mm256_loadu_ps(ag + i * r), acc0);
-          acc1 = _mm256_fmadd_ps(_mm256_set1_ps(xt[i + 1]), _mm256_loadu_ps(ag + (i + 1) * r), acc1);
-          acc2 = _mm256_fmadd_ps(_mm256_set1_ps(xt[i + 2]), _mm256_loadu_ps(ag + (i + 2) * r), acc2);
-          acc3 = _mm256_fmadd_ps(_mm256_set1_ps(xt[i + 3]), _mm256_loadu_ps(ag + (i + 3) * r), acc3);
-        }
-        for (; i < in; i++)
-          acc0 = _mm256_fmadd_ps(_mm256_set1_ps(xt[i]), _mm256_loadu_ps(ag + i * r), acc0);
-        _mm256_storeu_ps(h + t * r + 8 * g,
-                         _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-      }
-      if (r % 8) { /* the last 4 lanes of the rank */
-        const float *ag = at_a + 8 * q;
-        __m128 acc0 = _mm_setzero_ps(), acc1 = _mm_setzero_ps();
-        int64_t i = 0;
-        for (; i + 2 <= in; i += 2) {
-          acc0 = _mm_fmadd_ps(_mm_set1_ps(xt[i]), _mm_loadu_ps(ag + i * r), acc0);
-          acc1 = _mm_fmadd_ps(_mm_set1_ps(xt[i + 1]), _mm_loadu_ps(ag + (i + 1) * r), acc1);
-        }
-        for (; i < in; i++) acc0 = _mm_fmadd_ps(_mm_set1_ps(xt[i]), _mm_loadu_ps(ag + i * r), acc0);
-        _mm_storeu_ps(h + t * r + 8 * q, _mm_add_ps(acc0, acc1));
-      }
+  const int64_t body = in - in % 4;
+  const __m256i mask = lane_mask(r % 8 ? r % 8 : 8);
+  __m256 hs[2][MAX_RANK / 8];
+  float h[2][MAX_RANK];
+  int64_t s = 0;
+  while (s < slots) {
+    /* the next one or two rows that are not padding */
+    int64_t pick[2];
+    int found = 0;
+    for (; s < slots && found < 2; s++) {
+      int64_t row = rows ? rows[s] : first + s;
+      if (row >= 0) pick[found++] = row;
     }
-    /* out[row t] += h[t] (s B)^T: 16 columns at a time, the r rows of (s B)^T read in order */
-    for (int64_t t = 0; t < m; t++) {
-      if (row[t] < 0) continue;
-      float *o = out + row[t] * out_stride;
-      const float *ht = h + t * r;
-      int64_t c = 0;
-      for (; c + 16 <= n; c += 16) {
-        __m256 acc0 = _mm256_loadu_ps(o + c), acc1 = _mm256_loadu_ps(o + c + 8);
-        for (int64_t j = 0; j < r; j++) {
-          __m256 hj = _mm256_set1_ps(ht[j]);
-          acc0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(bt_a + j * n + c), acc0);
-          acc1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(bt_a + j * n + c + 8), acc1);
-        }
-        _mm256_storeu_ps(o + c, acc0);
-        _mm256_storeu_ps(o + c + 8, acc1);
-      }
-      for (; c < n; c++) {
-        float sum = o[c];
-        for (int64_t j = 0; j < r; j++) sum += ht[j] * bt_a[j * n + c];
-        o[c] = sum;
-      }
+    if (!found) break;
+    const float *xs[2] = {x + pick[0] * x_stride, x + pick[found - 1] * x_stride};
+    if (found == 2)
+      DOWN(2);
+    else
+      DOWN(1);
+    for (int t = 0; t < found; t++) {
+      for (int64_t g = 0; 8 * g < r; g++) _mm256_storeu_ps(h[t] + 8 * g, hs[t][g]);
+      up_avx2(h[t], bt_a, r, n, out + pick[t] * out_stride);
     }
   }
 }
@@ -168,7 +219,7 @@ int lmforge_lora_pass(const float *x, float *out, const int64_t *adapters, const
     const int64_t *rows_a = rows ? rows + a * slots : NULL;
     if (!at_a) continue;
 #if defined(__x86_64__)
-    if (isa == 2 && forced_isa != 1 && r % 4 == 0) {
+    if (isa == 2 && forced_isa != 1) {
       adapter_avx2(x, out, at_a, bt_a, r, rows_a, a * slots, slots, in, n, x_stride, out_stride);
       continue;
     }
