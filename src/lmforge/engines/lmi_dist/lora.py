@@ -42,6 +42,7 @@ from lmforge.engines.lmi_dist.lora_mixed import (
     Factors,
     StepLayout,
     add_mixed,
+    add_single,
     build_stacks,
     flat_blocks,
     plan,
@@ -77,10 +78,8 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if single is not None:  # one adapter for every row
         factors = table.get(single)
         if factors is not None:  # None: it does not touch this layer (or was evicted after a cancel)
-            at, bt = factors
-            # out += (x A^T) (s B)^T, accumulated in place (two BLAS products over all rows: as fast
-            # as the fused pass for one row, faster for more)
-            out.view(-1, out.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]) @ at, bt)
+            # out += (x A^T) (s B)^T in place, with the per-row sums of a mixed step where the pass runs
+            add_single(x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]), factors, runtime.fused)
         return out
     if step is not None:  # adapters mixed in the step (or with base rows)
         slot = getattr(self, _SLOT_ATTR)
@@ -94,7 +93,7 @@ def _lora_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         stacked = runtime.stacked
         factors = stacked[slot] if slot < len(stacked) else None
         if factors is not None:
-            add_mixed(flat_x, flat_out, step, factors)
+            add_mixed(flat_x, flat_out, step, factors, runtime.fused)
     return out
 
 

@@ -32,6 +32,17 @@ SmolLM2-135M) when the set or order of adapters changes, which happens as reques
 requests in arrival order. The fused form only makes a table of addresses then. Rows past the step's
 tokens (padding) get nothing.
 
+Where the C library is built and the layers are float32 on the CPU, every adapter product goes
+through it, not only the fused form's: one adapter on every row (:func:`add_single`) and the batched
+and segmented forms too (:func:`add_mixed` runs the pass over the step's stacks). The pass computes a
+row's delta in one fixed order whatever else is in the step (``lora_kernel.c``), so a request's rows
+get bit-identical deltas alone or in a crowd, prefilled or decoding. BLAS products do not: their
+blocking, and so the order of a row's sums, may follow the number of rows, which is harmless on a float32
+base (a rounding) but not on a quantized one: the next int8 layer's per-token activation scale, or an
+int4 layer's bfloat16 cast, turns such a rounding into a whole quantization step. Elsewhere (CUDA,
+bfloat16, no C compiler) the forms below keep PyTorch's products, equal to the row-by-row result only
+to float32 rounding.
+
 This is the gathered / segmented LoRA matmul that Punica (SGMV) and S-LoRA run as custom GPU
 kernels: written with PyTorch's own batched and grouped GEMMs, so that one code path serves the CPU
 and CUDA, plus a small C pass for the CPU decode step, where two batched BLAS calls per layer cost
@@ -45,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from lmforge.engines.lmi_dist import lora_kernel
 
@@ -176,7 +188,8 @@ def build_stacks(
     zeros to the largest of the layer, a multiple of 16 bytes (grouped_mm wants aligned strides).
     All in one buffer (:func:`flat_blocks`; ``reuse``, a set's buffer no step uses any more, when it is
     large enough: a fresh one would be page-faulted in again), built when a step's set of adapters
-    changes, which is returned too (None when no layer is touched).
+    changes, which is returned too (None when no layer is touched). Where the C pass can read them
+    (float32 on the CPU), each layer's stack gets its table for the pass too (:func:`add_mixed`).
 
     Runs on the generation thread while installs and uninstalls change the tables on another: each
     table is read with single (atomic) dict operations, and an adapter found missing counts as one
@@ -199,6 +212,7 @@ def build_stacks(
     if like is None:
         return [None] * len(tables), None
     views, flat = flat_blocks(shapes, like.dtype, like.device, reuse)
+    kernel = lora_kernel.usable(like.device, like.dtype)
     blocks = iter(views)
     stacked: list[Factors | None] = []
     for entry in plans:
@@ -220,16 +234,58 @@ def build_stacks(
                 at3[j, :, r:].zero_()
                 bt3[j, r:].zero_()
         stacked.append((at3, bt3))
+        if kernel and rank <= lora_kernel.MAX_RANK:
+            n_in, n_out = at3.shape[1], bt3.shape[2]
+            stack = {j: (at3[j], bt3[j]) for j, f in enumerate(found) if f is not None}
+            _STACK_TABLES[at3] = lora_kernel.AdapterTable([stack], tuple(range(len(key))), [(n_in, n_out)])
     return stacked, flat
 
 
-def add_mixed(flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, factors: Factors) -> None:
-    """``flat_out[row] += (flat_x[row] A^T)(s B^T)`` of each adapted row's own adapter, in place."""
+_STACK_TABLES = WeakIdKeyDictionary()
+"""A stack's A^T ``[k, in, r]`` -> the C pass's table of that layer's stacked factors (a zero entry for an
+adapter that leaves the layer alone), made with the stack; it goes with the stack."""
+_SINGLE_TABLES = WeakIdKeyDictionary()
+"""An adapter's A^T ``[in, r]`` of one layer -> the C pass's table of that one adapter; made at its first
+step alone, it goes with the adapter's factors (it holds their addresses, not the tensors)."""
+
+
+def add_single(flat_x: torch.Tensor, flat_out: torch.Tensor, factors: Factors, kernel: bool) -> None:
+    """``flat_out += (flat_x A^T)(s B^T)`` in place, one adapter on every row: on the C pass with
+    ``kernel`` (the layers' :attr:`LoraLayers.fused`: float32 on the CPU, library built), the same
+    per-row sums as a step mixing adapters; else (or for a rank past the pass's ``MAX_RANK``) two BLAS
+    products."""
+    at, bt = factors
+    if not kernel or at.shape[1] > lora_kernel.MAX_RANK:
+        flat_out.addmm_(flat_x @ at, bt)  # as fast as the pass for one row, faster for more
+        return
+    table = _SINGLE_TABLES.get(at)
+    if table is None:
+        table = lora_kernel.AdapterTable([{0: factors}], (0,), [(at.shape[0], bt.shape[1])])
+        table.factors = []  # the caller holds them through each call; a reference would keep the key
+        _SINGLE_TABLES[at] = table
+    lora_kernel.add(_unit_columns(flat_x), flat_out, table, 0, flat_x.shape[0], None)
+
+
+def _unit_columns(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the C pass reads rows: columns 4 bytes apart (a layer's input nearly always is)."""
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+def add_mixed(
+    flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, factors: Factors, kernel: bool
+) -> None:
+    """``flat_out[row] += (flat_x[row] A^T)(s B^T)`` of each adapted row's own adapter, in place: with
+    ``kernel`` (as for :func:`add_single`), on the C pass over the stacks, in either form (a rank padded
+    with zeros changes no bit of the pass's sums); else on PyTorch's batched or grouped products."""
     at3, bt3 = factors
     if flat_x.shape[0] < step.tokens:
         raise RuntimeError(f"LoRA step of {step.tokens} token rows got a {flat_x.shape[0]}-row input")
     x = flat_x if flat_x.shape[0] == step.tokens else flat_x[: step.tokens]
     out = flat_out if flat_out.shape[0] == step.tokens else flat_out[: step.tokens]
+    table = _STACK_TABLES.get(at3) if kernel else None
+    if table is not None:
+        lora_kernel.add(_unit_columns(x), out, table, 0, *_kernel_rows(step))
+        return
     xs = x if step.index is None else x.index_select(0, step.index)
     if step.slots:
         k = len(step.key)
@@ -248,3 +304,37 @@ def add_mixed(flat_x: torch.Tensor, flat_out: torch.Tensor, step: StepLayout, fa
         out.add_(delta)
     else:
         out.index_add_(0, step.index, delta)
+
+
+_last_rows: tuple[StepLayout, tuple[int, torch.Tensor | None]] | None = None
+"""The last step's :func:`_kernel_rows` (every adapted layer of a step asks for them)."""
+
+
+def _kernel_rows(step: StepLayout) -> tuple[int, torch.Tensor | None]:
+    """The batched or segmented form's rows as the C pass takes them: slots per adapter and the row of
+    each slot (-1: none), or None when slot ``s`` of adapter ``a`` is row ``a * slots + s``. Worked
+    out at the step's first layer (the generation thread's, the only one with mixed steps)."""
+    global _last_rows
+    last = _last_rows
+    if last is not None and last[0] is step:
+        return last[1]
+    found = _rows_of(step)
+    _last_rows = (step, found)
+    return found
+
+
+def _rows_of(step: StepLayout) -> tuple[int, torch.Tensor | None]:
+    if step.slots:
+        if step.index is None:
+            return step.slots, None
+        rows = step.index if step.keep is None else step.index.masked_fill(step.keep.view(-1) == 0, -1)
+        return step.slots, rows.to("cpu", torch.int64).contiguous()
+    assert step.offsets is not None  # the segmented form
+    ends = step.offsets.tolist()
+    starts = [0, *ends[:-1]]
+    slots = max(e - s for s, e in zip(starts, ends, strict=True))
+    order = torch.arange(ends[-1]) if step.index is None else step.index.to("cpu", torch.int64)
+    rows = torch.full((len(ends), slots), -1, dtype=torch.int64)
+    for a, (s, e) in enumerate(zip(starts, ends, strict=True)):
+        rows[a, : e - s] = order[s:e]
+    return slots, rows.view(-1)
