@@ -65,29 +65,6 @@ def test_checkpoint_is_compressed_tensors_w8a8_with_a_manifest(quantized: Path, 
     assert "option.quantize" not in (quantized / "serving.properties").read_text()
 
 
-def test_tied_lm_head_is_untied_and_quantized(tmp_path: Path, tiny_model: Path) -> None:
-    from safetensors import safe_open
-
-    from lmforge.quantize.w8a8 import quantize_folder
-
-    tied = tmp_path / "tied"
-    shutil.copytree(tiny_model, tied)
-    config = json.loads((tied / "config.json").read_text())
-    config["tie_word_embeddings"] = True
-    (tied / "config.json").write_text(json.dumps(config))
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(tied / "model.safetensors"))
-    del tensors["lm_head.weight"]  # tied: the head is the embedding
-    save_file(tensors, str(tied / "model.safetensors"), metadata={"format": "pt"})
-    manifest = quantize_folder(tied, tmp_path / "out")
-    assert manifest["lm_head"].startswith("int8 (untied")
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
-    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
-        assert f.get_tensor("model.embed_tokens.weight").dtype.is_floating_point
-        assert not f.get_tensor("lm_head.weight").dtype.is_floating_point
-
-
 def test_a_failure_midway_leaves_no_output(tmp_path: Path, tiny_model: Path, monkeypatch) -> None:
     from lmforge.quantize import w8a8
 

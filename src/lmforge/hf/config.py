@@ -212,16 +212,18 @@ def _checkpoint_quantization(qc: Any) -> tuple[str | None, float | None]:
 
 def _compressed_tensors(qc: dict[str, Any]) -> tuple[str, float | None]:
     """A compressed-tensors ``quantization_config``: lmforge's method name for the schemes it serves
-    (w8a8, gptq), else ``compressed-tensors``; bits per quantized weight from its one config group
-    (the scales: float32, as ``lmforge compile`` writes them, one per output channel or per group)."""
-    from lmforge.quantize import QuantizeError, checkpoint_scheme
+    (w8a8, gptq), else ``compressed-tensors``; bits per quantized weight from its one config group for
+    the linear layers (the scales: float32, as ``lmforge compile`` writes them, one per output channel
+    or per group)."""
+    from lmforge.quantize import QuantizeError, checkpoint_scheme, config_groups
 
     try:
         method = checkpoint_scheme(qc)
     except QuantizeError:
         method = "compressed-tensors"
-    groups = qc.get("config_groups")
-    group = next(iter(groups.values())) if isinstance(groups, dict) and len(groups) == 1 else None
+    group, embedding, count = config_groups(qc)  # a W8A8 tied embedding's group beside the linear one
+    if count != 1 + (embedding is not None):
+        group = None
     weights = group.get("weights") if isinstance(group, dict) else None
     bits = weights.get("num_bits") if isinstance(weights, dict) else None
     if not isinstance(weights, dict) or not isinstance(bits, int | float):

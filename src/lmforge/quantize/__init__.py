@@ -115,6 +115,35 @@ def quantization_config(model_dir: Path) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
+#: a W8A8 checkpoint's config group for an input embedding tied to its int8 LM head (compressed-tensors'
+#: own ``Embedding`` target, weights only: a lookup has no float input to quantize)
+EMBEDDING_TARGETS = ["Embedding"]
+_W8_CHANNEL = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
+
+
+def config_groups(qc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
+    """(the group for the linear layers, the group for the input embedding or None, how many groups
+    there are) of a compressed-tensors ``quantization_config``; the linear group is None unless there is
+    exactly one group that does not target ``Embedding``."""
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        return None, None, 0
+    found = [g for g in groups.values() if isinstance(g, dict)]
+    embedding = [g for g in found if g.get("targets") == EMBEDDING_TARGETS]
+    linear = [g for g in found if g.get("targets") != EMBEDDING_TARGETS]
+    return (
+        linear[0] if len(linear) == 1 else None,
+        embedding[0] if len(embedding) == 1 else None,
+        len(groups),
+    )
+
+
+def quantized_embedding(qc: dict[str, Any]) -> bool:
+    """Whether a compressed-tensors ``quantization_config`` quantizes the input embedding (the tied
+    int8 matrix of a W8A8 checkpoint :mod:`.w8a8` writes)."""
+    return config_groups(qc)[1] is not None
+
+
 def checkpoint_scheme(qc: dict[str, Any]) -> str:
     """The method of :data:`METHODS` a ``quantization_config`` is, or QuantizeError saying what in it
     lmforge's engines do not serve (named as the config names it)."""
@@ -125,15 +154,24 @@ def checkpoint_scheme(qc: dict[str, Any]) -> str:
             "checkpoints only (lmforge compile --quantize writes them)"
         )
     fmt = qc.get("format")
-    groups = qc.get("config_groups") or {}
-    if fmt not in ("int-quantized", "pack-quantized") or len(groups) != 1:
+    group, embedding, count = config_groups(qc)
+    if (
+        fmt not in ("int-quantized", "pack-quantized")
+        or group is None
+        or count != 1 + (embedding is not None)
+    ):
         raise QuantizeError(
-            f"quantization_config: format {fmt!r} with {len(groups)} config group(s); lmforge serves "
-            "one int-quantized group (W8A8) or one pack-quantized group (W4A16, GPTQ)"
+            f"quantization_config: format {fmt!r} with {count} config group(s); lmforge serves one "
+            "int-quantized group (W8A8, and one more for the tied input embedding, targets "
+            f"{EMBEDDING_TARGETS}) or one pack-quantized group (W4A16, GPTQ)"
         )
-    group = next(iter(groups.values()))
     weights, acts = group.get("weights") or {}, group.get("input_activations") or {}
     if fmt == "pack-quantized":
+        if embedding is not None:
+            raise QuantizeError(
+                f"quantization_config: a pack-quantized (W4A16) checkpoint with an {EMBEDDING_TARGETS} "
+                "group; lmforge's int4 checkpoints keep the input embedding in float"
+            )
         want_w = {"num_bits": 4, "type": "int", "strategy": "group", "symmetric": True}
         wrong = {k: weights.get(k) for k, v in want_w.items() if weights.get(k) != v}
         if acts:
@@ -146,13 +184,22 @@ def checkpoint_scheme(qc: dict[str, Any]) -> str:
                 "group_size 32/64/128/256 and no input_activations"
             )
         return "gptq"
-    want_w = {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}
     want_a = {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True}
-    for label, got, want in (("weights", weights, want_w), ("input_activations", acts, want_a)):
+    for label, got, want in (("weights", weights, _W8_CHANNEL), ("input_activations", acts, want_a)):
         wrong = {k: got.get(k) for k, v in want.items() if got.get(k) != v}
         if wrong:
             raise QuantizeError(
                 f"quantization_config {label}: {wrong} where LMI-Dist's int8 kernels need {want}"
+            )
+    if embedding is not None:
+        got = embedding.get("weights") or {}
+        wrong = {k: got.get(k) for k, v in _W8_CHANNEL.items() if got.get(k) != v}
+        if embedding.get("input_activations"):
+            wrong["input_activations"] = embedding["input_activations"]
+        if wrong:
+            raise QuantizeError(
+                f"quantization_config {EMBEDDING_TARGETS} group: {wrong} where LMI-Dist's int8 embedding "
+                f"needs weights {_W8_CHANNEL} (one scale per row) and no input_activations"
             )
     return "w8a8"
 

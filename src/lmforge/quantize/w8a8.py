@@ -15,8 +15,17 @@ config.json). llm-compressor, the library that usually drives it, is not used: i
 <= 5.17 and compressed-tensors 0.19, and this environment (and vLLM 0.32) has transformers 5.19 and
 compressed-tensors 0.17; RTN W8A8 needs nothing from it but what compressed-tensors has.
 
-A tied LM head (SmolLM2 shares it with the input embedding) is untied: the embedding stays float, the
-head is quantized, ``tie_word_embeddings`` becomes false.
+A tied LM head (SmolLM2 shares it with the input embedding) stays tied in int8: one int8 matrix with
+one scale per row (per output channel of the head, per token of the embedding) is both, stored once
+(``model.embed_tokens.weight``; ``tie_word_embeddings`` stays true). compressed-tensors says so in its
+own terms: a second config group targets ``Embedding`` with the same int8 per-channel weights and no
+input activations (a lookup has none), beside the ``Linear`` group, whose W8A8 scheme covers the head.
+Both groups round the same matrix by the same rule, so the two int8 copies the compressor makes are
+equal and are tied again before saving. transformers reads it (the lookup gives the rows dequantized,
+``q * scale``); LMI-Dist serves the head on its int8 GEMM and the lookup on the int8 rows
+(:mod:`lmforge.engines.lmi_dist.cpu_linear`). SmolLM2-135M: 0.46x -> 0.25x the fp32 weight bytes. With
+``lm_head=False`` (a folder vLLM serves: vLLM 0.32 loads no quantized head or embedding) both stay
+float and tied; GPTQ (int4) unties a tied head it quantizes, the embedding staying float.
 """
 
 from __future__ import annotations
@@ -117,13 +126,14 @@ def _write(
     from compressed_tensors.compressors import ModelCompressor  # type: ignore[import-untyped]
     from compressed_tensors.quantization import (  # type: ignore[import-untyped]
         QuantizationConfig,
+        QuantizationScheme,
         QuantizationStatus,
         apply_quantization_config,
         preset_name_to_scheme,
     )
     from transformers import AutoModelForCausalLM
 
-    from lmforge.quantize import quantization_config
+    from lmforge.quantize import EMBEDDING_TARGETS, quantization_config
 
     if quantization_config(source) is not None:
         raise QuantizeError(
@@ -134,12 +144,15 @@ def _write(
     model.eval()
     head = model.get_output_embeddings()
     embedding = model.get_input_embeddings()
-    untied = False
-    if lm_head and head is not None and embedding is not None and head.weight is embedding.weight:
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
+    untied = tied_int8 = False
+    if lm_head and tied and name == "gptq":  # an int4 head of its own; the embedding stays float
         head.weight = torch.nn.Parameter(embedding.weight.detach().clone(), requires_grad=False)
         for cfg in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
             cfg.tie_word_embeddings = False
         untied = True
+    elif lm_head and tied:
+        tied_int8 = True  # one int8 matrix: the head's (Linear group) and the embedding's (Embedding group)
     scheme_obj = preset_name_to_scheme(scheme, ["Linear"])
     targets = [
         n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (lm_head or m is not head)
@@ -176,8 +189,16 @@ def _write(
             found[n] = gptq.gptq_int4(modules[n].weight, hessians.pop(n), group)
             if number % 20 == 0 or number == len(targets):
                 progress(f"GPTQ: {number}/{len(targets)} linear layers")
+    fmt = FORMATS[name]
+    # each group names its format (compressed-tensors would infer pack-quantized for the embedding's
+    # weight-only int8, and warn when one format is forced on every module)
+    groups = {"group_0": scheme_obj.model_copy(update={"format": fmt})}
+    if tied_int8:
+        groups["group_1"] = QuantizationScheme(
+            targets=list(EMBEDDING_TARGETS), weights=scheme_obj.weights.model_copy(), format=fmt
+        )
     config = QuantizationConfig(
-        config_groups={"group_0": scheme_obj},
+        config_groups=groups,
         ignore=[] if lm_head else ["lm_head"],
         quantization_status=QuantizationStatus.FROZEN,
     )
@@ -200,10 +221,15 @@ def _write(
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.data.zero_()
             count += 1
-    fmt = FORMATS[name]
-    progress(f"quantizing {count} linear layers ({scheme}, compressed-tensors {fmt})")
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    layers = count - (1 if tied_int8 else 0)  # the embedding is counted apart
+    progress(
+        f"quantizing {layers} linear layers ({scheme}, compressed-tensors {fmt})"
+        + (", the LM head tied to the input embedding (one int8 matrix)" if tied_int8 else "")
+    )
+    compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
+    if tied_int8:
+        _retie(model, name)
     for path in source.iterdir():
         if path.name in _SKIP_NAMES or path.name.endswith(_SKIP_SUFFIXES):
             continue
@@ -221,22 +247,50 @@ def _write(
     after = sum(p.stat().st_size for p in target.iterdir() if p.name.endswith(".safetensors"))
     progress(f"weights {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB")
     head_kind = "int4" if name == "gptq" else "int8"
-    head_text = (
-        f"{head_kind} (untied from the input embedding)" if untied else (head_kind if lm_head else "fp32")
-    )
+    if tied_int8:
+        head_text = f"{head_kind}, tied to the input embedding (one int8 matrix, one scale per row)"
+        embedding_text = (
+            "int8, one scale per row, symmetric: the LM head's matrix (tied), looked up and dequantized "
+            "(row * its scale) in float32"
+        )
+    else:
+        head_text = (
+            f"{head_kind} (untied from the input embedding)" if untied else (head_kind if lm_head else "fp32")
+        )
+        embedding_text = "fp32" + (" (tied to the LM head)" if tied else "")
     return {
         "method": name,
         "scheme": scheme,
         "format": f"compressed-tensors {fmt}",
         **DESCRIPTIONS[name](group),
         "lm_head": head_text,
-        "layers": count,
+        "embedding": embedding_text,
+        "layers": layers,
         "source": {"path": str(source.resolve()), "weights": weights_digest(source)},
         "calibration": calibration,
         "weight_bytes": {"source": before, "quantized": after},
         "libraries": library_versions(),
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def _retie(model: Any, name: str) -> None:
+    """Tie the LM head to the input embedding again after compression, which gave each its own int8
+    copy of the one matrix (equal: the same weights rounded by the same rule), so it is saved once."""
+    import torch
+
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    pairs = (
+        ("weight", head.weight, embedding.weight),
+        ("weight_scale", head.weight_scale, embedding.weight_scale),
+    )
+    for what, a, b in pairs:
+        if a.shape != b.shape or not torch.equal(a, b):
+            raise QuantizeError(
+                f"--quantize {name}: the tied LM head's int8 {what} differs from the input embedding's "
+                "after compression; cannot store them as one matrix"
+            )
+    head.weight = embedding.weight
 
 
 def _write_properties(source: Path, target: Path, name: str) -> None:

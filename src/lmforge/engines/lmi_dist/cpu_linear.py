@@ -141,6 +141,29 @@ def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return getattr(self, _INT8)(x, self.bias)  # type: ignore[no-any-return]
 
 
+class Int8Embedding:
+    """An input embedding on int8 rows with one float32 scale per row (the matrix of an int8 LM head
+    tied to it): a lookup gathers the rows and multiplies each by its scale, in ``dtype``, which is
+    exactly the dequantized matrix's rows (``q * scale``, as compressed-tensors decompresses it)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+        if q.dim() != 2 or scale.numel() != q.shape[0]:
+            raise ValueError(f"int8 embedding of shape {list(q.shape)} with {scale.numel()} row scales")
+        self.q = q.contiguous()
+        self.scale = scale.reshape(-1, 1).to(dtype).contiguous()
+        self.dtype = dtype
+        self.nbytes = q.numel() + self.scale.numel() * self.scale.element_size()
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = self.q.index_select(0, flat).to(self.dtype).mul_(self.scale.index_select(0, flat))
+        return rows.view(*ids.shape, self.q.shape[1])
+
+
+def _int8_embedding_forward(self: torch.nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+    return getattr(self, _INT8)(ids)  # type: ignore[no-any-return]
+
+
 def int8_supported() -> bool:
     """Whether this PyTorch has the x86 int8 kernels :class:`Int8Weight` uses."""
     return "x86" in torch.backends.quantized.supported_engines and hasattr(
@@ -153,7 +176,12 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
     :data:`W_SCALE` (a W8A8 checkpoint's int8 values and scales; the layers it left in float, such as
     an LM head vLLM must read, stay float), else every one, the LM head included, quantized here with
     ``rtn(weight) -> (int8, scale)`` (:func:`lmforge.quantize.w8a8.rtn_int8`). Returns (layers, int8
-    bytes). A weight shared with the input embedding stays for the embedding."""
+    bytes, the embedding's included).
+
+    An input embedding tied to a head quantized here becomes an :class:`Int8Embedding` on the head's
+    int8 matrix (with the checkpoint's scales for the embedding, when it carries :data:`W_SCALE`), so
+    one int8 matrix serves both and the float one is released; an untied embedding that carries
+    :data:`W_SCALE` (int8 values of a checkpoint) gets its own; any other stays float."""
     from lmforge.reachins import TORCH_INT8, check
 
     check(TORCH_INT8)
@@ -163,6 +191,7 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     shared: Any = embedding.weight if embedding is not None else None
     count = nbytes = 0
+    tied: tuple[torch.Tensor, torch.Tensor] | None = None  # the int8 head's (q, scale) of a tied embedding
     with torch.no_grad():
         for module in model.modules():
             if not isinstance(module, torch.nn.Linear) or hasattr(module, _INT8) or not module.weight.numel():
@@ -178,11 +207,32 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
             packed = Int8Weight(q, scale.float())
             setattr(module, _INT8, packed)
             module.forward = types.MethodType(_int8_forward, module)  # type: ignore[method-assign]
-            if weight is not shared:
+            if weight is shared:
+                tied = q, scale.float()
+            else:
                 weight.data = torch.empty(0, dtype=weight.dtype)
             count += 1
             nbytes += packed.nbytes
-    log.info("lmi-dist: %d linear layers on int8 weights (W8A8, %.1f MiB)", count, nbytes / 2**20)
+        own = getattr(embedding, W_SCALE, None)  # a checkpoint's int8 embedding (its own rows' scales)
+        found = "float32"
+        if isinstance(embedding, torch.nn.Embedding) and (own is not None or tied is not None):
+            if own is not None and tied is None:  # int8 values loaded as floats: round them back
+                q, scale = embedding.weight.detach().round().clamp_(-128, 127).to(torch.int8), own
+            else:
+                assert tied is not None
+                q, scale = tied[0], own if own is not None else tied[1]
+            lookup = Int8Embedding(q, scale.float(), embedding.weight.dtype)
+            setattr(embedding, _INT8, lookup)
+            embedding.forward = types.MethodType(_int8_embedding_forward, embedding)  # type: ignore[method-assign]
+            embedding.weight.data = torch.empty(0, dtype=embedding.weight.dtype)
+            nbytes += lookup.nbytes
+            found = "int8 rows" + (" (tied to the int8 LM head)" if tied is not None else "")
+    log.info(
+        "lmi-dist: %d linear layers on int8 weights (W8A8, %.1f MiB), the input embedding on %s",
+        count,
+        nbytes / 2**20,
+        found,
+    )
     return count, nbytes
 
 

@@ -335,9 +335,10 @@ def quantization(cfg: ServingConfig, path: Any, world: int, cuda: bool) -> tuple
 
 def _load_w8a8(path: Any, kwargs: dict[str, Any]) -> Any:
     """A compressed-tensors W8A8 folder as a float32 model whose linear weights hold the int8 values,
-    each with its scale (``cpu_linear.W_SCALE``) for ``cpu_linear.quantize_int8``. transformers loads
-    it without its quantization_config (its compressed-tensors path would decompress to float); the
-    scales come from the safetensors files."""
+    each with its scale (``cpu_linear.W_SCALE``) for ``cpu_linear.quantize_int8``; so does the input
+    embedding when the checkpoint quantized it (its ``Embedding`` group: the matrix of the int8 LM head
+    it is tied to, stored once). transformers loads it without its quantization_config (its
+    compressed-tensors path would decompress to float); the scales come from the safetensors files."""
     import json
     from pathlib import Path
 
@@ -367,14 +368,14 @@ def _load_w8a8(path: Any, kwargs: dict[str, Any]) -> Any:
                 if not key.endswith(".weight_scale"):
                     continue
                 module = modules.get(key.removesuffix(".weight_scale"))
-                if not isinstance(module, torch.nn.Linear):
+                if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
                     missing.append(key)
                     continue
                 setattr(module, W_SCALE, f.get_tensor(key).float().reshape(-1, 1))
                 found += 1
     if missing or not found:
         raise LmforgeError(
-            f"{path}: W8A8 checkpoint whose scales match no linear layer of the model "
+            f"{path}: W8A8 checkpoint whose scales match no linear layer or embedding of the model "
             f"({', '.join(missing[:3]) or 'no weight_scale tensors'})"
         )
     return model
