@@ -58,7 +58,7 @@ from bench.frontend_overhead import (
     vllm_args,
     vllm_model,
 )
-from bench.models import DESCRIPTIONS, MODELS, TINY, result_name
+from bench.models import DESCRIPTIONS, MODELS, SMOLLM2, TINY, result_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,6 +76,16 @@ OUTPUT_LEN = 64
 #: prompts per run by concurrency (c=1: ~8 s a run on the tiny model, enough that one slow second does
 #: not decide it)
 PROMPTS = {1: 64, 16: 128, 64: 384}
+#: SmolLM2-135M decodes ~20x slower than the tiny model here: a quarter of the prompts at 1 (still ~30 s
+#: a run), half at 16 and 64
+PROMPTS_SMOLLM2 = {1: 16, 16: 64, 64: 192}
+
+
+def prompts(model: str) -> dict[int, int]:
+    """Prompts per run by concurrency for the model ``model`` (a key of bench.models.MODELS)."""
+    return PROMPTS_SMOLLM2 if model == SMOLLM2 else PROMPTS
+
+
 TARGETS = {"ratio_min": 0.98, "ratio_at_64": 1.10}
 SERVERS = ("lmforge", "vllm")
 
@@ -168,10 +178,11 @@ def run_pair(
     out = {}
     for label in reversed(SERVERS) if flip else SERVERS:
         url, pid = targets[label]
-        argv = bench_args(url, route, c, model, name, PROMPTS[c])
+        count = prompts(name)[c]
+        argv = bench_args(url, route, c, model, name, count)
         commands[route][c] = command_line(argv, url, model)
         settle([p for _, server in targets.values() for p in process_tree(server)])
-        rec = one_run(bench, argv, pid, PROMPTS[c])
+        rec = one_run(bench, argv, pid, count)
         rec["order"] = "second" if (label == SERVERS[0]) == flip else "first"
         rec["session"] = session + 1
         if rec.get("failed") or not rec.get("completed"):
@@ -407,7 +418,7 @@ def main() -> None:
 
     befores = [json.loads(p.read_text()) for p in args.before]
     for route in routes:
-        rows = [summarize(runs[route][c], c, PROMPTS[c]) for c in levels]
+        rows = [summarize(runs[route][c], c, prompts(args.model)[c]) for c in levels]
         name = result_name(f"{NAME}-{route}", args.model)
         backend, endpoint = ROUTES[route]
         result: dict[str, Any] = {
@@ -430,7 +441,7 @@ def main() -> None:
                 "endpoint": endpoint,
                 "input_len": INPUT_LEN,
                 "output_len": OUTPUT_LEN,
-                "prompts": {str(c): PROMPTS[c] for c in levels},
+                "prompts": {str(c): prompts(args.model)[c] for c in levels},
                 "rounds": args.rounds,
                 "sessions": max(1, min(args.sessions, args.rounds)),
                 "outlier": args.outlier,
