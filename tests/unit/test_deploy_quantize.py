@@ -41,7 +41,7 @@ def test_quantize_without_compile_is_a_usage_error(tiny_model: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "--quantize goes with --compile" in result.output
     with pytest.raises(DeployUsageError, match="--quantize goes with --compile"):
-        deploy(_settings(tiny_model, compile_first=False), quantize="w8a8")
+        deploy(_settings(tiny_model, compile_first=False, quantize="w8a8"))
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_a_tensorrt_llm_folder_and_an_already_quantized_one_are_refused(
 ) -> None:
     trt = _with_properties(tiny_model, tmp_path / "trt", rolling_batch="trtllm")
     with pytest.raises(BadSetting, match="a TensorRT-LLM folder quantizes with ModelOpt") as caught:
-        deploy(_settings(trt, instance_type="ml.g5.xlarge"), quantize="w8a8")
+        deploy(_settings(trt, instance_type="ml.g5.xlarge", quantize="w8a8"))
     assert caught.value.option == "--quantize"
 
     done = Path(shutil.copytree(tiny_model, tmp_path / "done"))
@@ -86,31 +86,31 @@ def test_a_tensorrt_llm_folder_and_an_already_quantized_one_are_refused(
     config["quantization_config"] = {"quant_method": "compressed-tensors"}
     (done / "config.json").write_text(json.dumps(config))
     with pytest.raises(BadSetting, match="is already quantized"):
-        deploy(_settings(done), quantize="gptq")
+        deploy(_settings(done, quantize="gptq"))
 
 
 def test_the_method_is_the_flag_else_an_lmi_dist_folders_option_with_compile(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     plain = load_config(tiny_model, env={}).config
-    assert quantize_method(_settings(tiny_model), plain, None) is None
-    chosen = quantize_method(_settings(tiny_model), plain, "GPTQ")
+    assert quantize_method(_settings(tiny_model), plain) is None
+    chosen = quantize_method(_settings(tiny_model, quantize="GPTQ"), plain)
     assert chosen is not None and chosen.name == "gptq" and chosen.needs_calibration
 
     folder = _with_properties(tiny_model, tmp_path, quantize="w8a8")
     config = load_config(folder, env={}).config
-    found = quantize_method(_settings(folder), config, None)
+    found = quantize_method(_settings(folder), config)
     assert found is not None and found.name == "w8a8"
-    assert quantize_method(_settings(folder, compile_first=False), config, None) is None  # quantized at load
-    assert quantize_method(_settings(folder), config, "gptq").name == "gptq"  # type: ignore[union-attr]
+    assert quantize_method(_settings(folder, compile_first=False), config) is None  # quantized at load
+    assert quantize_method(_settings(folder, quantize="gptq"), config).name == "gptq"  # type: ignore[union-attr]
 
     done = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**done, "quantization_config": {"quant_method": "x"}}))
-    assert quantize_method(_settings(folder), config, None) is None  # already quantized: its start checks
+    assert quantize_method(_settings(folder), config) is None  # already quantized: its start checks
 
     bad = _with_properties(tiny_model, tmp_path / "bad", quantize="awq")
     with pytest.raises(BadSetting, match=r"option\.quantize=awq: unknown quantization method"):
-        quantize_method(_settings(bad), load_config(bad, env={}).config, None)
+        quantize_method(_settings(bad), load_config(bad, env={}).config)
 
 
 def test_in_the_image_the_checkpoint_is_written_to_a_mounted_folder_of_its_own(tmp_path: Path) -> None:

@@ -178,6 +178,7 @@ def deploy_command(
     from lmforge.aws.names import name_problem
     from lmforge.deploy import DeploySettings
     from lmforge.deploy.components import ComponentResult
+    from lmforge.deploy.settings import QUANTIZE_NEEDS_COMPILE
 
     environment = _env_pairs(env_items)
     # deploy() checks the name too: here first, before --autoscale is read, as the options come
@@ -193,8 +194,6 @@ def deploy_command(
     if inference_component is None and (given := [k for k, v in component_only.items() if v]):
         raise click.UsageError(f"{', '.join(given)} go with --inference-component")
     if quantize is not None and not compile_first:
-        from lmforge.deploy.workflow import QUANTIZE_NEEDS_COMPILE
-
         raise click.UsageError(QUANTIZE_NEEDS_COMPILE)
     settings = DeploySettings(
         model_dir=model_dir,
@@ -213,6 +212,7 @@ def deploy_command(
         container_engine=engine,
         environment=environment,
         compile_first=compile_first,
+        quantize=quantize,
         bucket=bucket,
         s3_prefix=s3_prefix,
         artifact_format=artifact_format,
@@ -227,14 +227,14 @@ def deploy_command(
         accelerators=accelerators,
         max_instance_count=max_instances,
     )
-    result = _deploy(settings, quantize).result
+    result = _deploy(settings).result
     if isinstance(result, ComponentResult):
         _report_component(result, no_wait)
     else:
         _report(result, no_wait)
 
 
-def _deploy(settings: DeploySettings, quantize: str | None = None) -> Deployment:
+def _deploy(settings: DeploySettings) -> Deployment:
     """:func:`lmforge.deploy.deploy` with its progress on stderr and its errors as the command's: usage
     errors exit 2, the others 1 (AWS's refusals in one line)."""
     from lmforge.deploy import (
@@ -247,7 +247,7 @@ def _deploy(settings: DeploySettings, quantize: str | None = None) -> Deployment
     )
 
     try:
-        return deploy(settings, cli_progress(), quantize=quantize)
+        return deploy(settings, cli_progress())
     except InvalidConfiguration as exc:
         _echo(f"error: invalid configuration:\n{exc.error}")
         raise SystemExit(2) from None

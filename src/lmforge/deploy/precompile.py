@@ -76,14 +76,16 @@ def compile_before_packing(settings: DeploySettings, image_uri: str, progress: P
 QUANT_MOUNT = "/opt/lmforge-quantized"
 
 
-def quantize_method(settings: DeploySettings, config: ServingConfig, asked: str | None) -> Method | None:
-    """The quantization a deployment asks for: ``asked`` (``--quantize``), else, with ``--compile``, an
+def quantize_method(settings: DeploySettings, config: ServingConfig) -> Method | None:
+    """The quantization a deployment asks for: ``settings.quantize`` (``--quantize``), else, with
+    ``--compile``, an
     LMI-Dist folder's ``option.quantize`` (what ``lmforge compile`` reads). BadSetting naming the option
     and the choices when it cannot be had for this folder on this instance type, before anything runs."""
     from lmforge.deploy.instances import get_instance
     from lmforge.deploy.settings import BadSetting
     from lmforge.quantize import QuantizeError, method, quantization_config
 
+    asked = settings.quantize
     if asked is None and not (
         settings.compile_first and config.quantize and config.rolling_batch == "lmi-dist"
     ):

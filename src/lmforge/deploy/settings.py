@@ -25,6 +25,10 @@ RoutingStrategy = Literal["RANDOM", "LEAST_OUTSTANDING_REQUESTS"]
 ContainerEngineName = Literal["auto", "podman", "docker"]
 
 AUTOSCALE_NEEDS_WAIT = "--autoscale registers scaling once the endpoint is InService: drop --no-wait"
+QUANTIZE_NEEDS_COMPILE = (
+    "--quantize goes with --compile: lmforge deploy DIR --compile --quantize METHOD quantizes the folder "
+    "(lmforge compile --quantize) before it is packed"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,9 @@ class DeploySettings:
     compile_first: bool = False
     """vLLM: compile the folder in the endpoint's image before packing, when this machine matches the
     instance type (:mod:`lmforge.deploy.precompile`)."""
+    quantize: str | None = None
+    """With ``compile_first``: quantize the folder first (``lmforge compile --quantize``) into a folder of
+    its own, which is what is compiled, planned, packed and deployed."""
     # the artifacts
     bucket: str | None = None
     s3_prefix: str = "lmforge"
@@ -130,6 +137,8 @@ def check_settings(settings: DeploySettings) -> None:
         raise BadSetting(problem, "--endpoint-name")
     if settings.inference_component is not None:
         _check_component(settings)
+    if settings.quantize is not None and not settings.compile_first:
+        raise DeployUsageError(QUANTIZE_NEEDS_COMPILE)
     scale = settings.autoscale
     if scale is None:
         return

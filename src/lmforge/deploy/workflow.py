@@ -42,10 +42,6 @@ if TYPE_CHECKING:
     from lmforge.deploy.upload import UploadResult
 
 ROLE_ENV = "LMFORGE_ROLE_ARN"
-QUANTIZE_NEEDS_COMPILE = (
-    "--quantize goes with --compile: lmforge deploy DIR --compile --quantize METHOD quantizes the folder "
-    "(lmforge compile --quantize) before it is packed"
-)
 
 
 @dataclass(frozen=True)
@@ -78,13 +74,11 @@ class Deployment:
         return self.result.succeeded
 
 
-def deploy(
-    settings: DeploySettings, progress: Progress | None = None, *, quantize: str | None = None
-) -> Deployment:
+def deploy(settings: DeploySettings, progress: Progress | None = None) -> Deployment:
     """Validate, plan, package, upload and deploy ``settings.model_dir``, then (with ``settings.wait``)
     wait for the endpoint. See the module's docstring for the steps and what each may raise.
 
-    ``quantize`` (``lmforge deploy --compile --quantize METHOD``; it needs ``settings.compile_first``):
+    ``settings.quantize`` (``lmforge deploy --compile --quantize METHOD``; it needs ``compile_first``):
     the folder is quantized first by ``lmforge compile --quantize`` into a temporary folder, which is
     what is compiled, planned, packed and deployed; with ``compile_first`` alone, an LMI-Dist folder's
     ``option.quantize`` is quantized likewise. A bad method is a BadSetting before anything runs."""
@@ -100,13 +94,11 @@ def deploy(
 
     progress = progress or Progress()
     check_settings(settings)
-    if quantize is not None and not settings.compile_first:
-        raise DeployUsageError(QUANTIZE_NEEDS_COMPILE)
     try:
         resolved = load_config(settings.model_dir, env={})
     except ConfigError as exc:
         raise InvalidConfiguration(exc) from None
-    chosen = quantize_method(settings, resolved.config, quantize)
+    chosen = quantize_method(settings, resolved.config)
     region = resolve_region(settings.region)
     progress.note(f"[1/5] configuration OK ({settings.model_dir}); target: {where()} in {region}")
 
