@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,82 @@ def test_deploy_ships_lmforges_image_and_builds_it_when_asked(
     status = lmforge("local", "status", env=env).stdout
     assert f"shipped/AllTraffic: image mode, image {uri}" in status
     lmforge("delete", "shipped", env=env)
+
+
+def _tree(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@contextmanager
+def _named_as_lmforges_image(image: BuiltImage) -> Iterator[str]:
+    """The test image under the name ``lmforge container build cpu`` gives (``lmforge/cpu:VERSION``),
+    where deploy looks for lmforge's image to run ``lmforge compile`` in; the name is given back to the
+    image that had it (or removed) after."""
+    from lmforge.container.flavours import image_name
+
+    name = image_name("cpu")
+    had = image.engine.inspect_image(name)["Id"] if image.engine.image_exists(name) else None
+    image.engine.tag(image.tag, name)
+    try:
+        yield name
+    finally:
+        if had is None:
+            image.engine.untag(name)
+        else:
+            image.engine.tag(had, name)
+
+
+def test_deploy_compile_quantize_w8a8_quantizes_in_the_image_and_streams(
+    local: dict[str, str], pushed: str, clients: dict[str, Any], tiny_model: Path, cpu_image: BuiltImage
+) -> None:
+    """``lmforge deploy DIR --compile --quantize w8a8`` in image mode: ``lmforge compile --quantize``
+    runs inside lmforge's cpu image (the libraries that read the checkpoint at the endpoint write it), the
+    quantized folder is what is uploaded, the endpoint's instance is a container of the pushed image whose
+    start check finds the checkpoint as compiled, and boto3's ``invoke_endpoint_with_response_stream``
+    streams its answer (process mode's run of the same: tests/integration/test_deploy_quantized.py)."""
+    from lmforge.client import iter_stream_objects
+    from lmforge.local.control import ENV_STATE_DIR
+
+    name = "image-w8a8"
+    before = _tree(tiny_model)
+    with _named_as_lmforges_image(cpu_image) as local_image:
+        out = lmforge(
+            *("deploy", str(tiny_model), "--endpoint-name", name, "--instance-type", "ml.m5.xlarge"),
+            *("--compile", "--quantize", "w8a8"),
+            env=local,
+            timeout=900,
+        )
+    try:
+        assert f"{name}: InService (created)" in out.stdout, out.stderr
+        assert f"--quantize w8a8: quantizing inside {local_image}" in out.stderr, out.stderr
+        assert "quantized (w8a8) in" in out.stderr  # the image's lmforge compile's own line
+        assert _tree(tiny_model) == before  # the source is only read
+        status = lmforge("local", "status", env=local).stdout
+        assert f"{name}/AllTraffic: image mode, image {pushed}" in status, status
+
+        logs = [p.read_text(errors="replace") for p in Path(local[ENV_STATE_DIR]).rglob("container.log")]
+        served = [text for text in logs if "quantized checkpoint:" in text]
+        assert served, "no container log has the quantized checkpoint's start line"
+        assert any("quantized checkpoint: hit (w8a8" in text for text in served), served[-1][-4000:]
+
+        smr = clients["sagemaker-runtime"]
+        body = {"inputs": "def fibonacci(n):", "parameters": {"max_new_tokens": 12}, "stream": True}
+        resp = smr.invoke_endpoint_with_response_stream(
+            EndpointName=name, Body=json.dumps(body), ContentType="application/json"
+        )
+        objs = list(iter_stream_objects(resp["Body"]))
+        tokens = [o["token"] for o in objs if "token" in o]
+        assert len(tokens) == 12, objs
+        whole = json.loads(
+            smr.invoke_endpoint(
+                EndpointName=name,
+                Body=json.dumps({"inputs": body["inputs"], "parameters": body["parameters"]}),
+                ContentType="application/json",
+            )["Body"].read()
+        )
+        assert whole["generated_text"] == "".join(t["text"] for t in tokens)  # greedy: the same answer
+    finally:
+        lmforge("delete", name, env=local)
 
 
 def test_component_copies_are_containers_of_the_image(
