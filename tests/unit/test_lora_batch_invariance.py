@@ -69,6 +69,8 @@ def _step(runtime: LoraLayers, layout: list[tuple[int, int]]) -> None:
 BATCHES = {
     "alone": [(PROBE, 5)],
     "beside its own adapter": [(PROBE, 2), (PROBE, 5), (PROBE, 9)],
+    "paired otherwise": [(PROBE, 1), (PROBE, 5)],  # the pass takes rows two by two
+    "decode rows of its adapter before it": [(PROBE, 1), (2, 1), (PROBE, 1), (PROBE, 5), (3, 1)],
     "mixed decode, fused": [(2, 1), (PROBE, 5), (3, 1), (0, 1)],
     "padded slots": [(PROBE, 5), (2, 1), (0, 2), (3, 4), (2, 1)],
     "segmented, beside a long prompt": [(3, 1), (2, 40), (0, 3), (PROBE, 5)],
