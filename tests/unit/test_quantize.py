@@ -449,3 +449,17 @@ def test_a_gptq_checkpoint_on_vllm_cpu_needs_a_16_bit_dtype(tmp_path: Path, monk
         engine_kwargs(_vllm(tmp_path, dtype="fp32"), {})
     assert engine_kwargs(_vllm(tmp_path, dtype="bf16"), {})["dtype"] == "bfloat16"
     assert "quantization" not in engine_kwargs(_vllm(tmp_path, dtype="bf16", quantize="gptq"), {})
+
+
+def test_a_quantized_folder_is_readable_by_other_users(tmp_path: Path, tiny_model: Path) -> None:
+    """The images serve a mounted folder as uid 1000: safetensors' and mkdtemp's 0600 / 0700 must not
+    reach the output."""
+    import stat
+
+    from lmforge.quantize.w8a8 import quantize_folder
+
+    out = tmp_path / "q"
+    quantize_folder(tiny_model, out)
+    for path in [out, *out.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o044 == 0o044 if path.is_file() else mode & 0o055 == 0o055, (path, oct(mode))

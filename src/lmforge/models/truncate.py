@@ -14,6 +14,8 @@ import re
 import shutil
 from pathlib import Path
 
+from lmforge.models.files import make_readable
+
 __all__ = ["write_truncated_model"]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -54,4 +56,5 @@ def write_truncated_model(src: Path, dst: Path, layers: int) -> Path:
                 if match is None or int(match.group(1)) < layers:
                     tensors[key] = f.get_tensor(key).contiguous()
     save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    make_readable(dst)  # a draft is served from inside the model folder, by the image's user too
     return dst

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lmforge.models.files import make_readable
 from lmforge.quantize import MANIFEST, QuantizeError, method
 from lmforge.quantize.start_check import library_versions, weight_files
 
@@ -110,6 +111,7 @@ def quantize_folder(
         manifest["files"] = weight_files(partial)  # what lmforge serve checks at every start
         (partial / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
         (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        make_readable(partial)  # served by other users too: the images' server, a mounted folder
         if output.exists():
             shutil.rmtree(output)
         os.replace(partial, output)
