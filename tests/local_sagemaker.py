@@ -118,3 +118,36 @@ def handler_model(tiny_model: Path, folder: Path) -> Path:
     (folder / "serving.properties").write_text("engine=Python\noption.max_rolling_batch_size=8\n")
     (folder / "model.py").write_text(HANDLER_MODEL_PY)
     return folder
+
+
+def serves_quantized(local: dict[str, str], smr: Any, name: str, method: str = "w8a8") -> str:
+    """Check that endpoint ``name`` of the local SageMaker ``local`` started on a checkpoint quantized
+    ahead (``method``: its container log's start check is a hit) and that its stream of 12 tokens is
+    the greedy answer it gives whole; the answer."""
+    import json
+
+    from lmforge.client import iter_stream_objects
+    from lmforge.local.control import ENV_STATE_DIR
+
+    logs = [p.read_text(errors="replace") for p in Path(local[ENV_STATE_DIR]).rglob("container.log")]
+    served = [text for text in logs if "quantized checkpoint:" in text]
+    assert served, "no container log has the quantized checkpoint's start line"
+    assert any(f"quantized checkpoint: hit ({method}" in text for text in served), served[-1][-4000:]
+    body = {"inputs": "def fibonacci(n):", "parameters": {"max_new_tokens": 12}, "stream": True}
+    resp = smr.invoke_endpoint_with_response_stream(
+        EndpointName=name, Body=json.dumps(body), ContentType="application/json"
+    )
+    objs = list(iter_stream_objects(resp["Body"]))
+    tokens = [o["token"] for o in objs if "token" in o]
+    assert len(tokens) == 12, objs
+    text = "".join(t["text"] for t in tokens)
+    assert text, objs
+    whole = json.loads(
+        smr.invoke_endpoint(
+            EndpointName=name,
+            Body=json.dumps({"inputs": body["inputs"], "parameters": body["parameters"]}),
+            ContentType="application/json",
+        )["Body"].read()
+    )
+    assert whole["generated_text"] == text  # greedy: the stream is the whole answer
+    return text

@@ -19,7 +19,14 @@ import pytest
 from lmforge.local.containers import OWNER_LABEL
 from tests.image.build_cpu import image_names
 from tests.image.conftest import BuiltImage
-from tests.local_sagemaker import REGION, boto3_clients, handler_model, lmforge, local_sagemaker
+from tests.local_sagemaker import (
+    REGION,
+    boto3_clients,
+    handler_model,
+    lmforge,
+    local_sagemaker,
+    serves_quantized,
+)
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.image, pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("image")]
@@ -324,9 +331,6 @@ def test_deploy_compile_quantize_w8a8_quantizes_in_the_image_and_streams(
     quantized folder is what is uploaded, the endpoint's instance is a container of the pushed image whose
     start check finds the checkpoint as compiled, and boto3's ``invoke_endpoint_with_response_stream``
     streams its answer (process mode's run of the same: tests/integration/test_deploy_quantized.py)."""
-    from lmforge.client import iter_stream_objects
-    from lmforge.local.control import ENV_STATE_DIR
-
     name = "image-w8a8"
     before = _tree(tiny_model)
     with _named_as_lmforges_image(cpu_image) as local_image:
@@ -344,27 +348,7 @@ def test_deploy_compile_quantize_w8a8_quantizes_in_the_image_and_streams(
         status = lmforge("local", "status", env=local).stdout
         assert f"{name}/AllTraffic: image mode, image {pushed}" in status, status
 
-        logs = [p.read_text(errors="replace") for p in Path(local[ENV_STATE_DIR]).rglob("container.log")]
-        served = [text for text in logs if "quantized checkpoint:" in text]
-        assert served, "no container log has the quantized checkpoint's start line"
-        assert any("quantized checkpoint: hit (w8a8" in text for text in served), served[-1][-4000:]
-
-        smr = clients["sagemaker-runtime"]
-        body = {"inputs": "def fibonacci(n):", "parameters": {"max_new_tokens": 12}, "stream": True}
-        resp = smr.invoke_endpoint_with_response_stream(
-            EndpointName=name, Body=json.dumps(body), ContentType="application/json"
-        )
-        objs = list(iter_stream_objects(resp["Body"]))
-        tokens = [o["token"] for o in objs if "token" in o]
-        assert len(tokens) == 12, objs
-        whole = json.loads(
-            smr.invoke_endpoint(
-                EndpointName=name,
-                Body=json.dumps({"inputs": body["inputs"], "parameters": body["parameters"]}),
-                ContentType="application/json",
-            )["Body"].read()
-        )
-        assert whole["generated_text"] == "".join(t["text"] for t in tokens)  # greedy: the same answer
+        serves_quantized(local, clients["sagemaker-runtime"], name)
     finally:
         lmforge("delete", name, env=local)
 
