@@ -304,13 +304,8 @@ def main() -> None:
                     "ratio": med["on"] / med["off"],
                 }
             )
-    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative"
-    if draft:
-        command += f" --proposer draft_model --draft-layers {args.draft_layers}"
-    if concurrencies != CONCURRENCIES:
-        command += " --concurrency " + " ".join(map(str, concurrencies))
-    if args.model != SMOLLM2:
-        command += f" --model {args.model}"
+    flags = f" --proposer draft_model --draft-layers {args.draft_layers}" if draft else ""
+    command = _command(flags, concurrencies, CONCURRENCIES, args.model)
     result = {
         "name": name,
         "command": command,
@@ -474,11 +469,7 @@ def main_w8a8(args: argparse.Namespace) -> None:
                             runs[workload][c][label].append(rec)
                             print(f"{cell} {_line(rec)}", flush=True)
     rows = [summarize_w8a8(w, c, runs[w][c]) for w in WORKLOADS for c in concurrencies]
-    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative --w8a8"
-    if concurrencies != W8A8_CONCURRENCIES:
-        command += " --concurrency " + " ".join(map(str, concurrencies))
-    if args.model != SMOLLM2:
-        command += f" --model {args.model}"
+    command = _command(" --w8a8", concurrencies, W8A8_CONCURRENCIES, args.model)
     result = {
         "name": name,
         "command": command,
@@ -666,6 +657,16 @@ def section(result: dict[str, Any]) -> dict[str, Any]:
         )
     order = record.ORDER["speculative"] + (1 if proposer == "draft_model" else 0)
     return record.section(order, report(result), summary)
+
+
+def _command(flags: str, concurrencies: list[int] | tuple[int, ...], default: Any, model: str) -> str:
+    """The command line that reruns a measurement: ``flags``, then what differs from the defaults."""
+    command = "OMP_NUM_THREADS=1 .venv/bin/python -m bench.speculative" + flags
+    if tuple(concurrencies) != tuple(default):
+        command += " --concurrency " + " ".join(map(str, concurrencies))
+    if model != SMOLLM2:
+        command += f" --model {model}"
+    return command
 
 
 if __name__ == "__main__":
