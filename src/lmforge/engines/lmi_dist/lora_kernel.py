@@ -1,11 +1,13 @@
-"""The fused LoRA pass for CPU decode steps (``lora_kernel.c``), loaded with ctypes.
+"""The fused LoRA pass for float32 CPU steps (``lora_kernel.c``), loaded with ctypes.
 
 A decode step gives each adapter one or a few rows, so the LoRA products of a layer are
 matrix-vector products over factors that come from memory (78 MB a step for 8 rank-8 adapters on the
 7 projections of SmolLM2-135M). :func:`add` does a layer's ``out[row] += (x[row] A^T)(s B^T)`` for
 every row in one call that streams each adapter's factors once, in place of two batched BLAS products
 (see docs/performance.md, "LoRA adapters on LMI-Dist"). It takes the stacked layouts of
-:mod:`.lora_mixed` as they are.
+:mod:`.lora_mixed` as they are. Its per-row sums run in one fixed order, so :mod:`.lora_mixed` runs every
+adapter product of a float32 CPU step through it, decode and prefill rows alike: a request's deltas are
+then the same bits alone or in a crowd.
 
 The library is built with the package (setup.py) when a C compiler is there; without it, or with
 ``LMFORGE_LORA_KERNEL=0``, :func:`usable` is False and the layers keep PyTorch's products.

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,27 @@ class StepLayout:
     rows: torch.Tensor | None = None
     """The fused pass's rows: ``index`` with -1 for a padded slot; None when the rows already come in
     order."""
+
+    @cached_property
+    def pass_rows(self) -> tuple[int, torch.Tensor | None]:
+        """The batched or segmented form's rows as the C pass takes them (:func:`add_mixed` on a step
+        that did not plan the fused form): slots per adapter and the row of each slot (-1: none), or
+        None when slot ``s`` of adapter ``a`` is row ``a * slots + s``. Worked out at the step's first
+        adapted layer, kept for the others."""
+        if self.slots:
+            if self.index is None:
+                return self.slots, None
+            rows = self.index if self.keep is None else self.index.masked_fill(self.keep.view(-1) == 0, -1)
+            return self.slots, rows.to("cpu", torch.int64).contiguous()
+        assert self.offsets is not None  # the segmented form
+        ends = self.offsets.tolist()
+        starts = [0, *ends[:-1]]
+        slots = max(e - s for s, e in zip(starts, ends, strict=True))
+        order = torch.arange(ends[-1]) if self.index is None else self.index.to("cpu", torch.int64)
+        table = torch.full((len(ends), slots), -1, dtype=torch.int64)
+        for a, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            table[a, : e - s] = order[s:e]
+        return slots, table.view(-1)
 
 
 def plan(
@@ -284,7 +306,7 @@ def add_mixed(
     out = flat_out if flat_out.shape[0] == step.tokens else flat_out[: step.tokens]
     table = _STACK_TABLES.get(at3) if kernel else None
     if table is not None:
-        lora_kernel.add(_unit_columns(x), out, table, 0, *_kernel_rows(step))
+        lora_kernel.add(_unit_columns(x), out, table, 0, *step.pass_rows)
         return
     xs = x if step.index is None else x.index_select(0, step.index)
     if step.slots:
@@ -304,37 +326,3 @@ def add_mixed(
         out.add_(delta)
     else:
         out.index_add_(0, step.index, delta)
-
-
-_last_rows: tuple[StepLayout, tuple[int, torch.Tensor | None]] | None = None
-"""The last step's :func:`_kernel_rows` (every adapted layer of a step asks for them)."""
-
-
-def _kernel_rows(step: StepLayout) -> tuple[int, torch.Tensor | None]:
-    """The batched or segmented form's rows as the C pass takes them: slots per adapter and the row of
-    each slot (-1: none), or None when slot ``s`` of adapter ``a`` is row ``a * slots + s``. Worked
-    out at the step's first layer (the generation thread's, the only one with mixed steps)."""
-    global _last_rows
-    last = _last_rows
-    if last is not None and last[0] is step:
-        return last[1]
-    found = _rows_of(step)
-    _last_rows = (step, found)
-    return found
-
-
-def _rows_of(step: StepLayout) -> tuple[int, torch.Tensor | None]:
-    if step.slots:
-        if step.index is None:
-            return step.slots, None
-        rows = step.index if step.keep is None else step.index.masked_fill(step.keep.view(-1) == 0, -1)
-        return step.slots, rows.to("cpu", torch.int64).contiguous()
-    assert step.offsets is not None  # the segmented form
-    ends = step.offsets.tolist()
-    starts = [0, *ends[:-1]]
-    slots = max(e - s for s, e in zip(starts, ends, strict=True))
-    order = torch.arange(ends[-1]) if step.index is None else step.index.to("cpu", torch.int64)
-    rows = torch.full((len(ends), slots), -1, dtype=torch.int64)
-    for a, (s, e) in enumerate(zip(starts, ends, strict=True)):
-        rows[a, : e - s] = order[s:e]
-    return slots, rows.view(-1)
