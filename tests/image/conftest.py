@@ -86,11 +86,8 @@ def cpu_image(engine: Any, request: pytest.FixtureRequest) -> Iterator[BuiltImag
     data = engine.inspect_image(tag)
     labels = (data.get("Config") or {}).get("Labels") or data.get("Labels") or {}
     yield BuiltImage(engine, tag, result, dict(labels), reused=bool(reuse))
-    engine.untag(tag)
-    if not reuse:
-        from tests.image.build_cpu import remove_leftovers
-
-        remove_leftovers(engine, EarlyBuild.folder(request.config))
+    if reuse:  # this worker's own name for the image; the build's name is every worker's: EarlyBuild.stop
+        engine.untag(tag)
 
 
 class ImageRun:

@@ -81,7 +81,9 @@ class EarlyBuild:
 
     @classmethod
     def stop(cls, config: pytest.Config) -> None:
-        """In the run's main process: end a build still running, and remove its folder."""
+        """In the run's main process: end a build still running, take the built image's name off it and
+        remove what the build left in the image store, and remove the folder. Here, not in a worker: the
+        image is every worker's, and a worker whose tests end first would take it from the others."""
         if hasattr(config, "workerinput"):
             return
         root = cls.folder(config)
@@ -91,4 +93,20 @@ class EarlyBuild:
             deadline = time.monotonic() + 60
             while not (root / "exit").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
+        if (root / "result.json").exists():
+            cls._clean_store(root)
         shutil.rmtree(root, ignore_errors=True)
+
+    @staticmethod
+    def _clean_store(root: Path) -> None:
+        from lmforge.container.engine import EngineError, detect
+        from tests.image.build_cpu import remove_leftovers
+
+        tag = json.loads((root / "result.json").read_text())["tag"]
+        try:
+            engine = detect()
+        except EngineError:
+            return
+        if engine.image_exists(tag):
+            engine.untag(tag)
+        remove_leftovers(engine, root)
