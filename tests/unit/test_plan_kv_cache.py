@@ -200,7 +200,8 @@ def test_quantizing_at_load_is_in_the_start_time_estimate(tmp_path: Path) -> Non
 
 def test_lmi_dist_quantizing_at_load_counts_its_int8_lm_head(tmp_path: Path) -> None:
     """LMI-Dist's w8a8 at load takes every linear layer, the LM head included (a fifth of a small
-    model's bytes); a head tied to the embedding gets an int8 copy while the embedding stays float."""
+    model's bytes); a head tied to the embedding stays tied in int8 and the float embedding is released
+    (cpu_linear.quantize_int8), the engine core holding the int8 matrix twice (prepacked, and as rows)."""
     untied = _folder(tmp_path / "u", LLAMA_8B, rolling_batch="lmi-dist", quantize="w8a8")
     plan = _plan(untied, "ml.m5.24xlarge")
     # linear 1 B; embedding bf16 (128256 x 4096 x 2); head 1 B (128256 x 4096); norms bf16 (266,240 x 2)
@@ -215,5 +216,9 @@ def test_lmi_dist_quantizing_at_load_counts_its_int8_lm_head(tmp_path: Path) -> 
             "model.layers.0.mlp.up_proj.weight": ("F32", [128, 64]),
         },
     )
-    # the float32 embedding, the int8 linear layer, and the int8 copy of the tied head
-    assert _plan(tied, "ml.m5.xlarge").weights_bytes == 100 * 64 * 4 + 128 * 64 + 100 * 64
+    # the int8 linear layer and the two int8 copies of the tied head and embedding's matrix
+    assert _plan(tied, "ml.m5.xlarge").weights_bytes == 128 * 64 + 2 * 100 * 64
+    # estimated from config.json alone: the same two int8 copies, the embedding not priced in bf16 too
+    estimated = _folder(tmp_path / "e", {**LLAMA_8B, "tie_word_embeddings": True}, rolling_batch="lmi-dist",
+                        quantize="w8a8")  # fmt: skip
+    assert _plan(estimated, "ml.m5.24xlarge").weights_bytes == 6_979_321_856 + 2 * 525_336_576 + 532_480

@@ -106,6 +106,11 @@ def memory(
     )
 
 
+#: copies of a tied LM head's int8 matrix LMI-Dist's engine core holds (cpu_linear.quantize_int8):
+#: fbgemm's prepacked one for the head's product and the int8 rows the embedding's lookup gathers
+TIED_INT8_COPIES = 2
+
+
 def _is_unquantized_name(name: str) -> bool:
     lowered = name.lower()
     return any(part in lowered for part in _UNQUANTIZED_NAME_PARTS)
@@ -123,8 +128,9 @@ def weights_from_tensors(
     tied_head: int = 0,
 ) -> int:
     """The weights' bytes: float tensors in the compute dtype, or at ``runtime_bits`` for the linear
-    ones quantized at load (``head_bits``: the LM head too; ``tied_head`` parameters of a head tied to the
-    embedding get a quantized copy of their own then), the others as stored."""
+    ones quantized at load (``head_bits``: the LM head too; a head tied to the embedding, ``tied_head``
+    parameters, stays tied in int8 and the float embedding is released: :data:`TIED_INT8_COPIES` copies
+    at ``head_bits``), the others as stored."""
     total = 0.0
     for t in tensors:
         if t.dtype in _FLOAT_DTYPES:
@@ -137,7 +143,8 @@ def weights_from_tensors(
         else:
             total += t.nbytes
     if head_bits is not None and not any(_is_head(t.name) for t in tensors):
-        total += tied_head * head_bits / 8
+        # the tied embedding, priced in the compute dtype above, becomes the int8 copies
+        total += tied_head * (TIED_INT8_COPIES * head_bits / 8 - act_bytes)
     return math.ceil(total)
 
 
@@ -152,7 +159,7 @@ class Precision:
     """Bits per quantized weight of an on-the-fly quantization."""
     head_bits: float | None = None
     """Bits per LM-head weight when the on-the-fly quantization takes the head too (LMI-Dist's w8a8:
-    every linear layer; a head tied to the embedding gets an int8 copy, the embedding stays float)."""
+    every linear layer; a head tied to the embedding stays tied, one int8 matrix for both)."""
 
 
 def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:
@@ -226,9 +233,10 @@ def size_weights(config: ServingConfig, shape: ModelShape, prec: Precision, note
     bits = prec.runtime_bits or shape.quant_bits
     linear_bytes = shape.linear_parameters() * (bits / 8 if bits else act_bytes)
     other_bytes: float = shape.other_parameters() * act_bytes
-    if prec.head_bits is not None:  # the head quantized: a copy of a tied one, else in place
+    if prec.head_bits is not None:  # the head quantized in place; a tied embedding becomes that matrix
         head = shape.vocab_size * shape.hidden_size
-        other_bytes += head * prec.head_bits / 8 - (0 if shape.tie_word_embeddings else head * act_bytes)
+        copies = TIED_INT8_COPIES if shape.tie_word_embeddings else 1
+        other_bytes += head * (copies * prec.head_bits / 8 - act_bytes)
     weights_bytes = math.ceil(linear_bytes + other_bytes)
     checkpoint_bytes = DTYPE_BYTES.get(shape.checkpoint_dtype or "", act_bytes)
     download_bytes = weights_bytes if shape.quant_bits else math.ceil(shape.parameters() * checkpoint_bytes)
