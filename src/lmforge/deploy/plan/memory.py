@@ -48,7 +48,6 @@ RUNTIME_QUANT_BITS: dict[str, float] = {
 }
 _FLOAT_DTYPES: dict[str, int] = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 _UNQUANTIZED_NAME_PARTS = ("embed", "lm_head", "wte", "wpe", "norm")
-_UNQUANTIZED_NAME_PARTS = ("embed", "lm_head", "wte", "wpe", "norm")
 
 
 @dataclass(frozen=True)
@@ -159,7 +158,8 @@ class Precision:
     """Bits per quantized weight of an on-the-fly quantization."""
     head_bits: float | None = None
     """Bits per LM-head weight when the on-the-fly quantization takes the head too (LMI-Dist's w8a8:
-    every linear layer; a head tied to the embedding stays tied, one int8 matrix for both)."""
+    every linear layer; a head tied to the embedding stays tied in int8, held as
+    :data:`TIED_INT8_COPIES` copies, and the float embedding is released)."""
 
 
 def compute_dtype(config: ServingConfig, shape: ModelShape, instance: InstanceType) -> str:
