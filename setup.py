@@ -12,7 +12,7 @@ setup(
         Extension(
             "lmforge.engines.lmi_dist._lora_kernel",
             sources=["src/lmforge/engines/lmi_dist/lora_kernel.c"],
-            extra_compile_args=["-O3"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],  # W8A8 scaling: PyTorch's roundings
             libraries=["m"],  # fmaf: the portable path's fused multiply-adds
             optional=True,
         )

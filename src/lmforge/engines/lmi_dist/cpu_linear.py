@@ -17,6 +17,7 @@ kernels sum in another order).
 from __future__ import annotations
 
 import logging
+import threading
 import types
 import warnings
 from typing import Any
@@ -127,14 +128,75 @@ class Int8Weight:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32:
             rows = rows.float()
-        magnitude = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30)
-        y = torch.ops.quantized.linear_dynamic(
-            torch.cat((rows / magnitude, self.sentinel)), self.packed, False
+        if bias is not None and not bias.numel():
+            bias = None
+        scaling = _scaling()
+        if scaling is not None and rows.stride(-1) == 1 and (bias is None or bias.is_contiguous()):
+            y = scaling.call(rows, self.packed, bias)
+        else:  # the same operations in PyTorch (no C library)
+            magnitude = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30)
+            y = torch.ops.quantized.linear_dynamic(
+                torch.cat((rows / magnitude, self.sentinel)), self.packed, False
+            )
+            y = y[: rows.shape[0]].mul_(magnitude)
+            if bias is not None:
+                y.add_(bias)
+        y = y.view(*shape[:-1], self.out_features)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+class _Scaling:
+    """The per-token scaling around fbgemm's product in two C calls (``lmforge_int8_scale_rows`` and
+    ``lmforge_int8_unscale_rows`` of the C library, lora_kernel.c), the same float32 operations as
+    :class:`Int8Weight`'s PyTorch path, into a buffer per thread and input width that grows to the
+    largest batch seen (fbgemm reads it before the next call of the thread overwrites it)."""
+
+    def __init__(self, lib: Any) -> None:
+        import ctypes
+
+        lib.lmforge_int8_scale_rows.restype = None
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        lib.lmforge_int8_scale_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+        lib.lmforge_int8_unscale_rows.restype = None
+        lib.lmforge_int8_unscale_rows.argtypes = [ptr, i64, i64, ptr, ptr]
+        self._scale = lib.lmforge_int8_scale_rows
+        self._unscale = lib.lmforge_int8_unscale_rows
+        self._local = threading.local()
+
+    def _buffers(self, n: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        table: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = getattr(self._local, "table", None)
+        if table is None:
+            table = self._local.table = {}
+        found = table.get(width)
+        if found is None or found[0].shape[0] <= n:
+            rows = max(n + 1, 2 * found[0].shape[0] if found is not None else 64)
+            found = table[width] = torch.empty(rows, width), torch.empty(rows)
+        return found
+
+    def call(self, rows: torch.Tensor, packed: Any, bias: torch.Tensor | None) -> torch.Tensor:
+        n, width = rows.shape
+        buf, mags = self._buffers(n, width)
+        self._scale(rows.data_ptr(), n, width, rows.stride(0), buf.data_ptr(), mags.data_ptr())
+        y = torch.ops.quantized.linear_dynamic(buf[: n + 1], packed, False)
+        self._unscale(y.data_ptr(), n, y.shape[1], mags.data_ptr(), None if bias is None else bias.data_ptr())
+        return y[:n]
+
+
+_scaling_state: list[_Scaling | None] = []
+
+
+def _scaling() -> _Scaling | None:
+    """The C scaling, once loaded; None where the C library is not there (PyTorch's operations then)."""
+    if not _scaling_state:
+        from lmforge.engines.lmi_dist import lora_kernel
+
+        lib, why = lora_kernel.library()
+        _scaling_state.append(_Scaling(lib) if lib is not None else None)
+        log.info(
+            "lmi-dist: W8A8 per-token scaling on %s",
+            "the C library" if lib is not None else f"PyTorch ({why})",
         )
-        y = y[: rows.shape[0]].mul_(magnitude)
-        if bias is not None and bias.numel():
-            y.add_(bias)
-        return y.view(*shape[:-1], self.out_features).to(x.dtype)
+    return _scaling_state[0]
 
 
 def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

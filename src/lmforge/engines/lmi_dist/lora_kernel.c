@@ -228,3 +228,46 @@ int lmforge_lora_pass(const float *x, float *out, const int64_t *adapters, const
   }
   return 0;
 }
+
+/* --- W8A8: the per-token scaling around fbgemm's int8 linear (cpu_linear.Int8Weight) -------------
+ *
+ * Int8Weight divides each input row by its own largest magnitude and appends the constant row
+ * (-1, 1, 0, ...) so that fbgemm's one-scale-per-batch quantization is a per-token one; the output
+ * rows are then multiplied back and the bias added. In PyTorch that is eight operator calls around
+ * each int8 product, which cost as much as the product itself at one row (45 us of a 85 us call for
+ * SmolLM2-135M's 960 x 576 q/k/v). These two calls do the same float32 operations (an IEEE division
+ * by the magnitude, then a multiplication and an addition per output), so the results are the same
+ * bits as PyTorch's, and each row's depends on that row alone. */
+
+/* buf[r] = x[r] / m[r] for r < n, m[r] = max(max_i |x[r][i]|, 1e-30); buf[n] = (-1, 1, 0, ...). */
+void lmforge_int8_scale_rows(const float *x, int64_t n, int64_t in, int64_t x_stride, float *buf, float *mags) {
+  for (int64_t r = 0; r < n; r++) {
+    const float *xr = x + r * x_stride;
+    float m = 0.0f;
+    for (int64_t i = 0; i < in; i++) {
+      float a = fabsf(xr[i]);
+      m = a > m ? a : m;
+    }
+    m = m < 1e-30f ? 1e-30f : m;
+    mags[r] = m;
+    float *br = buf + r * in;
+    for (int64_t i = 0; i < in; i++) br[i] = xr[i] / m;
+  }
+  float *s = buf + n * in;
+  for (int64_t i = 0; i < in; i++) s[i] = 0.0f;
+  s[0] = -1.0f;
+  if (in > 1) s[1] = 1.0f;
+}
+
+/* y[r][c] = y[r][c] * m[r] (+ bias[c]) for r < n, in place (y: n rows of `out`, contiguous). */
+void lmforge_int8_unscale_rows(float *y, int64_t n, int64_t out, const float *mags, const float *bias) {
+  for (int64_t r = 0; r < n; r++) {
+    float *yr = y + r * out;
+    const float m = mags[r];
+    if (bias) {
+      for (int64_t c = 0; c < out; c++) yr[c] = yr[c] * m + bias[c];
+    } else {
+      for (int64_t c = 0; c < out; c++) yr[c] *= m;
+    }
+  }
+}

@@ -48,6 +48,26 @@ def _library_path() -> Path | None:
     return None
 
 
+_opened: tuple[ctypes.PyDLL | None, str] | None = None
+
+
+def library() -> tuple[ctypes.PyDLL | None, str]:
+    """The C library (None where it was not built or does not load) and, if None, why."""
+    global _opened
+    if _opened is None:
+        path = _library_path()
+        if path is None:
+            _opened = None, "not built: no C compiler"
+        else:
+            try:
+                # PyDLL: a call keeps the GIL (a few to tens of us), which saves releasing and taking it
+                # back per layer; the core's other threads wait that long
+                _opened = ctypes.PyDLL(str(path)), ""
+            except OSError as exc:
+                _opened = None, f"cannot load {path.name}: {exc}"
+    return _opened
+
+
 def _load() -> ctypes.PyDLL | None:
     global _lib, _fn, _loaded
     if _loaded:
@@ -56,16 +76,9 @@ def _load() -> ctypes.PyDLL | None:
     if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         log.info("lmi-dist: LoRA on PyTorch's batched products (%s=0)", ENV)
         return None
-    path = _library_path()
-    if path is None:
-        log.info("lmi-dist: LoRA on PyTorch's batched products (the fused pass was not built: no C compiler)")
-        return None
-    try:
-        # PyDLL: the call keeps the GIL (a few to tens of us), which saves releasing and taking it back
-        # per layer; the core's other threads wait that long
-        lib = ctypes.PyDLL(str(path))
-    except OSError as exc:
-        log.warning("lmi-dist: LoRA on PyTorch's batched products (cannot load %s: %s)", path.name, exc)
+    lib, why = library()
+    if lib is None:
+        log.info("lmi-dist: LoRA on PyTorch's batched products (the fused pass: %s)", why)
         return None
     lib.lmforge_lora_pass.restype = ctypes.c_int
     lib.lmforge_lora_pass.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 8
