@@ -95,7 +95,7 @@ def test_int8_layer_is_close_to_fp32_and_the_same_alone_or_in_a_batch() -> None:
         assert torch.equal(layer(x[:, i : i + 1])[0, 0], y[0, i]), f"row {i} alone differs"
 
 
-def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own() -> None:
+def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C library's per-token scaling (lmforge_int8_*_rows) gives the same bits as the PyTorch
     operations it replaces, with and without a bias, for a zero row, for batches past the buffer's
     first size and for strided rows; and a row's output does not depend on the rows beside it."""
@@ -117,11 +117,9 @@ def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own() -> None:
         rows = x[:, :48]  # a row stride of 96, unit column stride
         for b in (None, bias):
             fast = layer(rows, b)
-            cpu_linear._scaling_state[:] = [None]
-            try:
+            with monkeypatch.context() as patch:
+                patch.setattr(cpu_linear, "_scaling", lambda: None)
                 slow = layer(rows, b)
-            finally:
-                cpu_linear._scaling_state[:] = [scaling]
             assert torch.equal(fast, slow), f"{n} rows, bias {b is not None}"
             assert torch.equal(layer(rows[n - 1 :], b)[0], fast[n - 1]), "the last row alone differs"
     assert not torch.isnan(fast[0]).any()

@@ -16,6 +16,7 @@ kernels sum in another order).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import types
@@ -182,21 +183,19 @@ class _Scaling:
         return y[:n]
 
 
-_scaling_state: list[_Scaling | None] = []
-
-
+@functools.cache
 def _scaling() -> _Scaling | None:
-    """The C scaling, once loaded; None where the C library is not there (PyTorch's operations then)."""
-    if not _scaling_state:
-        from lmforge.engines.lmi_dist import lora_kernel
+    """The C scaling, loaded once; None where the C library is not there or predates these calls
+    (PyTorch's operations then)."""
+    from lmforge.engines.lmi_dist import lora_kernel
 
-        lib, why = lora_kernel.library()
-        _scaling_state.append(_Scaling(lib) if lib is not None else None)
-        log.info(
-            "lmi-dist: W8A8 per-token scaling on %s",
-            "the C library" if lib is not None else f"PyTorch ({why})",
-        )
-    return _scaling_state[0]
+    lib, why = lora_kernel.library()
+    if lib is not None and not hasattr(lib, "lmforge_int8_unscale_rows"):
+        lib, why = None, "the built library predates it: reinstall lmforge"
+    log.info(
+        "lmi-dist: W8A8 per-token scaling on %s", "the C library" if lib is not None else f"PyTorch ({why})"
+    )
+    return _Scaling(lib) if lib is not None else None
 
 
 def _int8_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -250,6 +249,7 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
     if not int8_supported():
         raise RuntimeError("this PyTorch has no x86 int8 kernels (torch.backends.quantized: x86)")
     torch.backends.quantized.engine = "x86"
+    _scaling()  # the C library loaded (and its choice logged) at load, not in the first step
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     shared: Any = embedding.weight if embedding is not None else None
     count = nbytes = 0
