@@ -104,12 +104,16 @@ def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own(monkeypatch: pytes
     from lmforge.engines.lmi_dist import cpu_linear
     from lmforge.quantize.w8a8 import rtn_int8
 
+    from lmforge.engines.lmi_dist import int8_kernel
+
     scaling = cpu_linear._scaling()
     if scaling is None:
         pytest.skip("the C library was not built (no C compiler)")
     torch.manual_seed(0)
     w = torch.randn(80, 48) * 0.02
+    monkeypatch.setattr(int8_kernel, "kernel", lambda: None)  # fbgemm's products, whatever this CPU has
     layer = cpu_linear.Int8Weight(*rtn_int8(w))
+    assert layer.own is None
     bias = torch.randn(80)
     for n in (1, 7, 70, 200):
         x = torch.randn(n, 96) * 4
@@ -123,6 +127,80 @@ def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own(monkeypatch: pytes
             assert torch.equal(fast, slow), f"{n} rows, bias {b is not None}"
             assert torch.equal(layer(rows[n - 1 :], b)[0], fast[n - 1]), "the last row alone differs"
     assert not torch.isnan(fast[0]).any()
+
+
+def _w8a8_reference(x, q, scale, bias=None):
+    """compressed-tensors' W8A8 product in PyTorch, exactly as int8_kernel.c promises it: each row
+    quantized by its own scale (round half to even, clamped to +-127), the integer sums in int64, then
+    ((sum * w_scale) * x_scale) + bias in float32."""
+    import torch
+
+    top = x.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127.0 / top, torch.zeros_like(top))
+    xq = (x * inv).round().clamp(-127, 127).to(torch.int64)
+    y = ((xq @ q.to(torch.int64).t()).float() * scale.reshape(1, -1).float()) * (top / 127.0)
+    return y + bias if bias is not None else y
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+def test_own_int8_kernel_is_the_reference_bit_for_bit_and_each_rows_own(portable: bool) -> None:
+    """lmforge's int8 kernel (int8_kernel.c), on this CPU's path and on the portable C loop, equals
+    the W8A8 reference bit for bit: odd widths (k and n not multiples of 4 or 64), with and without a
+    bias, a zero row, strided rows, a batch past the scratch buffers' first size; and every row is the
+    same alone as in its batch."""
+    import torch
+
+    from lmforge.engines.lmi_dist import int8_kernel, lora_kernel
+
+    lib, why = lora_kernel.library()
+    if lib is None:
+        pytest.skip(f"the C library: {why}")
+    kernel = int8_kernel.Kernel(lib)
+    torch.manual_seed(0)
+    kernel.force_portable(portable)
+    try:
+        for n, k in ((100, 37), (64, 64), (130, 576), (7, 1539)):
+            q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+            scale = torch.rand(n) * 0.01 + 1e-4
+            packed = kernel.pack(q, scale)
+            bias = torch.randn(n)
+            for m in (1, 3, 6, 40, 300):
+                x = torch.randn(m, 2 * k) * 3
+                x[0] *= 100.0
+                x[m // 2] = 0.0
+                rows = x[:, :k]  # a row stride of 2 k
+                for b in (None, bias):
+                    y = packed(rows, b)
+                    ref = _w8a8_reference(rows, q, scale, b)
+                    assert torch.equal(y, ref), f"{n}x{k}, {m} rows, bias {b is not None}"
+                    for i in {0, m // 2, m - 1}:
+                        assert torch.equal(packed(rows[i : i + 1], b)[0], y[i]), f"row {i} alone differs"
+    finally:
+        kernel.force_portable(False)
+    assert packed(torch.empty(0, 1539), None).shape == (0, 7)
+
+
+def test_int8_kernel_choice_follows_the_env_and_names_its_reason(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from lmforge.engines.lmi_dist import int8_kernel, lora_kernel
+
+    if lora_kernel.library()[0] is None:
+        pytest.skip("the C library was not built")
+    for value, own in (("fbgemm", False), ("c", True)):
+        monkeypatch.setenv(int8_kernel.ENV, value)
+        int8_kernel.kernel.cache_clear()
+        with caplog.at_level(logging.INFO, logger="lmforge.engines.lmi_dist"):
+            assert (int8_kernel.kernel() is not None) is own
+        assert ("lmforge's int8 kernel (" in caplog.text) is own, caplog.text
+        caplog.clear()
+    monkeypatch.setenv(int8_kernel.ENV, "fast")
+    int8_kernel.kernel.cache_clear()
+    with pytest.raises(ValueError, match="LMFORGE_INT8_KERNEL='fast': choose one of auto, c, fbgemm"):
+        int8_kernel.kernel()
+    int8_kernel.kernel.cache_clear()
 
 
 def _cfg(folder: Path, properties: str):

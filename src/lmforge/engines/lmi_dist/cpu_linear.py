@@ -109,17 +109,25 @@ W_SCALE = "_lmforge_w_scale"
 
 
 class Int8Weight:
-    """A linear layer's int8 weight prepacked for fbgemm, and its call (see the notes above)."""
+    """A linear layer's int8 weight, packed once for the kernel :func:`.int8_kernel.kernel` chose
+    (lmforge's own, or fbgemm's), and its call (see the notes above)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        from lmforge.engines.lmi_dist import int8_kernel
+
         out_features, in_features = q.shape
+        self.in_features = in_features
+        self.out_features = out_features
+        own = int8_kernel.kernel()
+        self.own = own.pack(q, scale) if own is not None else None
+        if self.own is not None:
+            self.nbytes = self.own.nbytes
+            return
         zero = torch.zeros(out_features, dtype=torch.long)
         with warnings.catch_warnings():  # quantized tensors are deprecated (pytorch#184982): named in
             warnings.simplefilter("ignore", UserWarning)  # the reach-in table, checked at start
             qw = torch._make_per_channel_quantized_tensor(q.contiguous(), scale.reshape(-1).double(), zero, 0)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
-        self.in_features = in_features
-        self.out_features = out_features
         self.nbytes = q.numel() + scale.numel() * 4
         self.sentinel = torch.zeros(1, in_features)
         self.sentinel[0, 0], self.sentinel[0, 1] = -1.0, 1.0
@@ -131,19 +139,24 @@ class Int8Weight:
             rows = rows.float()
         if bias is not None and not bias.numel():
             bias = None
-        scaling = _scaling()
-        if scaling is not None and rows.stride(-1) == 1 and (bias is None or bias.is_contiguous()):
-            y = scaling.call(rows, self.packed, bias)
-        else:  # the same operations in PyTorch (no C library)
-            magnitude = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30)
-            y = torch.ops.quantized.linear_dynamic(
-                torch.cat((rows / magnitude, self.sentinel)), self.packed, False
-            )
-            y = y[: rows.shape[0]].mul_(magnitude)
-            if bias is not None:
-                y.add_(bias)
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            bias = bias.float().contiguous()
+        if self.own is not None:
+            y = self.own(rows if rows.stride(-1) == 1 else rows.contiguous(), bias)
+        else:
+            y = self._fbgemm(rows, bias)
         y = y.view(*shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _fbgemm(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        scaling = _scaling()
+        if scaling is not None and rows.stride(-1) == 1:
+            return scaling.call(rows, self.packed, bias)
+        # the same operations in PyTorch (no C library)
+        magnitude = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30)
+        y = torch.ops.quantized.linear_dynamic(torch.cat((rows / magnitude, self.sentinel)), self.packed, False)
+        y = y[: rows.shape[0]].mul_(magnitude)
+        return y.add_(bias) if bias is not None else y
 
 
 class _Scaling:
@@ -243,13 +256,15 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
     int8 matrix (with the checkpoint's scales for the embedding, when it carries :data:`W_SCALE`), so
     one int8 matrix serves both and the float one is released; an untied embedding that carries
     :data:`W_SCALE` (int8 values of a checkpoint) gets its own; any other stays float."""
+    from lmforge.engines.lmi_dist import int8_kernel
     from lmforge.reachins import TORCH_INT8, check
 
-    check(TORCH_INT8)
-    if not int8_supported():
-        raise RuntimeError("this PyTorch has no x86 int8 kernels (torch.backends.quantized: x86)")
-    torch.backends.quantized.engine = "x86"
-    _scaling()  # the C library loaded (and its choice logged) at load, not in the first step
+    if int8_kernel.kernel() is None:  # fbgemm's products (the choice is logged there, at load)
+        check(TORCH_INT8)
+        if not int8_supported():
+            raise RuntimeError("this PyTorch has no x86 int8 kernels (torch.backends.quantized: x86)")
+        torch.backends.quantized.engine = "x86"
+        _scaling()  # the C library loaded (and its choice logged) at load, not in the first step
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     shared: Any = embedding.weight if embedding is not None else None
     count = nbytes = 0
