@@ -25,7 +25,10 @@ The ways:
   rows are multiplied back by their magnitudes;
 * ``int8 per-token _int_mm``: the same activations (int8), ``torch._int_mm`` on the plain int8 weight
   (no prepacking; it needs more than 16 rows, so one row is padded);
-* ``int8 weight-only``: ``torch.ops.aten._weight_int8pack_mm`` (float32 activations).
+* ``int8 weight-only``: ``torch.ops.aten._weight_int8pack_mm`` (float32 activations);
+* ``int8 per-token lmforge``: lmforge's own kernel (``engines/lmi_dist/int8_kernel.c``): the weight
+  packed once in the order its loop reads it, each row quantized by its own scale in C, exact int32
+  sums with AVX-512 VNNI (its portable C loop on a CPU without VNNI: slow, left out of the choice there).
 
 Per way: microseconds per call, speed-up over fp32 and over fp32 prepacked, error (max |y - y_fp32|
 over max |y_fp32|, random weights of a real model's scale) and whether row 0 alone equals row 0 of
@@ -67,9 +70,11 @@ WAYS = (
     "int8 per-token fbgemm, fixed range",
     "int8 per-token _int_mm",
     "int8 weight-only",
+    "int8 per-token lmforge",
 )
-#: the way LMI-Dist's W8A8 layers use (lmforge.engines.lmi_dist.cpu_linear.Int8Linear)
-CHOSEN = "int8 per-token fbgemm, fixed range"
+#: the way LMI-Dist's W8A8 layers use on one thread with AVX-512 VNNI
+#: (lmforge.engines.lmi_dist.cpu_linear.Int8Weight; fbgemm's fixed-range way elsewhere)
+CHOSEN = "int8 per-token lmforge"
 
 
 #: a scenario's kernels for one weight ``w`` (out x in) at ``rows``: each way's call, and for the ways not
@@ -93,6 +98,7 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
     zeros = torch.zeros(n, dtype=torch.long)
     qt = q.t()
     pack8 = q.contiguous()
+    own = _own_kernel().pack(q, scale.float())
 
     def per_token(x: Any) -> tuple[Any, Any]:
         s = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
@@ -131,7 +137,17 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
         "int8 per-token fbgemm, fixed range": fixed_range,
         "int8 per-token _int_mm": int_mm,
         "int8 weight-only": lambda x: torch.ops.aten._weight_int8pack_mm(x, pack8, scale),
+        "int8 per-token lmforge": lambda x: own(x, None),
     }, {}
+
+
+def _own_kernel() -> Any:
+    from lmforge.engines.lmi_dist import int8_kernel, lora_kernel
+
+    lib, why = lora_kernel.library()
+    if lib is None:
+        raise SystemExit(f"lmforge's C library: {why} (make install builds it)")
+    return int8_kernel.Kernel(lib)
 
 
 def measure(rounds: int, ways: tuple[str, ...] = WAYS, make: Ways = _ways) -> list[dict[str, Any]]:
@@ -238,7 +254,8 @@ request's tokens would depend on its neighbours) for per-tensor int8. Largest er
 over max abs of the fp32 output): {error_text}.
 Chosen for LMI-Dist's W8A8 layers: **{result["chosen"]}** (the fastest way that gives a row
 the same bits alone and in a batch, and the per-token scheme compressed-tensors' W8A8 checkpoints
-declare). Result: `bench/results/{result["name"]}.json`.
+declare), where the CPU has AVX-512 VNNI and the engine one thread; fbgemm's fixed-range way
+elsewhere. Result: `bench/results/{result["name"]}.json`.
 
 {rows_table}
 {notes}"""

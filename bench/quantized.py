@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import shutil
 import statistics
 import subprocess
@@ -56,6 +57,13 @@ def _peak_rss(server: Any, module: str) -> int | None:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+def _int8_kernel(server: Any) -> str:
+    """The W8A8 kernel the engine core logged at load (lmforge's own or fbgemm, and why)."""
+    log = Path(server.log_path).read_text(errors="replace")
+    found = re.search(r"lmi-dist: W8A8 products on (.+)", log)
+    return found.group(1).strip() if found else "not logged"
 
 
 #: the methods whose accuracy is measured against fp32
@@ -210,6 +218,9 @@ def main() -> int:
         gptq = tmp / "lmi-dist-gptq"
         gptq_compile_s = _compile(fp32, "gptq", gptq)
         dirs = {"lmi-dist w8a8": w8a8, "lmi-dist gptq": gptq, "lmi-dist fp32": fp32, "vllm fp32": vllm_dir}
+        from lmforge.engines.vllm.compile_manifest import cpu_flags
+
+        vllm_w8a8_dtype = "bf16" if "amx_tile" in cpu_flags() else "fp32"
         if not args.no_vllm_w8a8:  # compiled from the vLLM folder: its LM head stays float (vLLM 0.32)
             vllm_q = tmp / "vllm-w8a8"
             subprocess.run(
@@ -226,6 +237,9 @@ def main() -> int:
                 ],
                 check=True,
             )
+            if vllm_w8a8_dtype == "bf16":  # vLLM's AMX int8 kernel takes 16-bit activations only
+                props = vllm_q / "serving.properties"
+                props.write_text(props.read_text().replace("option.dtype=fp32", "option.dtype=bf16"))
             dirs["vllm w8a8"] = vllm_q
         env = server_env(tmp / "vllm-cache")
         runs: dict[int, dict[str, list[dict[str, Any]]]] = {c: {k: [] for k in dirs} for c in CONCURRENCIES}
@@ -254,6 +268,7 @@ def main() -> int:
                 k: _peak_rss(s, "lmforge.engines.lmi_dist.core") if k.startswith("lmi-dist") else None
                 for k, s in servers.items()
             }
+            int8_kernel = _int8_kernel(servers["lmi-dist w8a8"])
         weights = {k: _weight_bytes(d) for k, d in dirs.items()}
         measured_accuracy = accuracy(fp32, tmp) if args.accuracy else None
     rows = [summarize(c, runs[c]) for c in CONCURRENCIES]
@@ -275,6 +290,8 @@ def main() -> int:
                 x for x in SERVING_PROPERTIES.splitlines() if x and not x.startswith("#")
             ],
             "vllm_properties": properties(args.model).strip().splitlines(),
+            "vllm_w8a8_dtype": vllm_w8a8_dtype,
+            "int8_kernel": int8_kernel,
         },
         "rows": rows,
         "weight_bytes": weights,
@@ -398,10 +415,11 @@ def report(result: dict[str, Any]) -> str:
     return f"""## Quantized serving: LMI-Dist W8A8 vs fp32 vs vLLM-CPU fp32 (`bench/quantized.py`)
 
 {s["model"]}; the W8A8 folder made by `lmforge compile --quantize w8a8` in {result["compile_s"]:.0f} s
-(int8 weights per channel, the LM head included; int8 activations per token, on the fbgemm kernel
-`bench/quant_kernels.py` chose). The harness of `bench/engines.py`: {s["input_len"]} prompt tokens,
-{s["output_len"]} output tokens, all servers up at once, loaded in turn for {s["rounds"]} rounds;
-medians. Result: `bench/results/{result["name"]}.json`.
+(int8 weights per channel, the LM head included; int8 activations per token; the products on
+{s.get("int8_kernel", "fbgemm")}: `bench/quant_kernels.py`). vLLM's W8A8 in {s.get("vllm_w8a8_dtype", "fp32")}
+(on a CPU with AMX its int8 kernel takes 16-bit activations only). The harness of
+`bench/engines.py`: {s["input_len"]} prompt tokens, {s["output_len"]} output tokens, all servers up at
+once, loaded in turn for {s["rounds"]} rounds; medians. Result: `bench/results/{result["name"]}.json`.
 
 {record.table(head, lines)}
 

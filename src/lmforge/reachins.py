@@ -170,7 +170,8 @@ UVICORN = Library(
 #: PyTorch's int8 kernels under LMI-Dist's W8A8 layers (``engines.lmi_dist.cpu_linear.Int8Weight``,
 #: chosen by bench/quant_kernels.py): fbgemm's prepacked dynamic int8 linear, fed per-channel int8
 #: weights made from a checkpoint's int8 values. Private ops (``torch.ops.quantized``) and a private
-#: constructor; quantized tensors are deprecated upstream (pytorch#184982). ``quantize_int8`` checks it.
+#: constructor; quantized tensors are deprecated upstream (pytorch#184982). ``quantize_int8`` checks it
+#: where it uses fbgemm (lmforge's own int8 kernel, where chosen, needs none of it).
 TORCH_INT8 = Library(
     name="torch",
     tested="2.13.x",

@@ -101,10 +101,8 @@ def test_int8_scaling_in_c_is_pytorchs_bits_and_each_rows_own(monkeypatch: pytes
     first size and for strided rows; and a row's output does not depend on the rows beside it."""
     import torch
 
-    from lmforge.engines.lmi_dist import cpu_linear
+    from lmforge.engines.lmi_dist import cpu_linear, int8_kernel
     from lmforge.quantize.w8a8 import rtn_int8
-
-    from lmforge.engines.lmi_dist import int8_kernel
 
     scaling = cpu_linear._scaling()
     if scaling is None:
@@ -557,6 +555,43 @@ def test_a_gptq_checkpoint_on_vllm_cpu_needs_a_16_bit_dtype(tmp_path: Path, monk
         engine_kwargs(_vllm(tmp_path, dtype="fp32"), {})
     assert engine_kwargs(_vllm(tmp_path, dtype="bf16"), {})["dtype"] == "bfloat16"
     assert "quantization" not in engine_kwargs(_vllm(tmp_path, dtype="bf16", quantize="gptq"), {})
+
+
+@needs_vllm
+def test_a_w8a8_checkpoint_on_vllm_on_an_amx_cpu_needs_a_16_bit_dtype(tmp_path: Path, monkeypatch) -> None:
+    """On a CPU with AMX, vLLM 0.32 runs W8A8 on its AMX int8 kernel (int8_scaled_mm_with_quant), which
+    takes bfloat16 or float16 activations only: measured on a Sapphire Rapids-class host, an fp32 start
+    came up and then failed at the first request ("expect A to be bfloat16 or half"); refused at start
+    instead. Without AMX (its oneDNN kernel, float32 in) fp32 is served."""
+    import json
+
+    from lmforge.engines.vllm import compile_manifest, options
+    from lmforge.engines.vllm.options import VllmOptionError, engine_kwargs
+
+    monkeypatch.setattr(options, "_cpu_platform", lambda: True)
+    group = {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False},
+        "input_activations": {
+            "num_bits": 8,
+            "type": "int",
+            "strategy": "token",
+            "symmetric": True,
+            "dynamic": True,
+        },
+    }
+    qc = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "config_groups": {"group_0": group},
+    }
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": qc}))
+    monkeypatch.setattr(compile_manifest, "cpu_flags", lambda: ("avx512f", "amx_tile", "amx_int8"))
+    with pytest.raises(VllmOptionError, match=r"option.dtype=fp32 with a w8a8 .*AMX.*option.dtype=bf16"):
+        engine_kwargs(_vllm(tmp_path, dtype="fp32"), {})
+    assert engine_kwargs(_vllm(tmp_path, dtype="bf16"), {})["dtype"] == "bfloat16"
+    monkeypatch.setattr(compile_manifest, "cpu_flags", lambda: ("avx512f", "avx512_vnni"))
+    assert engine_kwargs(_vllm(tmp_path, dtype="fp32"), {})["dtype"] == "float32"
 
 
 def test_a_quantized_folder_is_readable_by_other_users(tmp_path: Path, tiny_model: Path) -> None:

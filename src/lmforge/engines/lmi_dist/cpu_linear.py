@@ -89,18 +89,26 @@ def prepack(model: torch.nn.Module, rows_hint: int) -> int:
 # --- W8A8 int8 -------------------------------------------------------------------------------------
 #
 # Int8 weights (per output channel) times int8 activations (per token, quantized at each call), as
-# compressed-tensors' W8A8 scheme declares them, on fbgemm's int8 GEMM. bench/quant_kernels.py measured
-# the candidates on this CPU (bench/results/quant-kernels.json): fbgemm's dynamic linear is the fastest
-# int8 kernel, but it quantizes its input with one scale for the whole batch, so a request's tokens
-# would depend on the other requests in it. Each row is therefore divided by its own largest magnitude
-# first and one constant row (-1, 1, 0, ...) is appended: the batch's range is then always exactly
-# [-1, 1], fbgemm picks the same quantization parameters for every call, and each row is quantized by
-# its own scale in effect (per token: 255 levels over [-max|x|, max|x|]); the output rows are
-# multiplied back. Integer sums are exact, so a row's output has the same bits alone and in any batch.
-# oneDNN's qlinear (per-token uint8 in, float out) and torch._int_mm were 1.5-3x slower at one row.
+# compressed-tensors' W8A8 scheme declares them. bench/quant_kernels.py measured the candidates on this
+# CPU (bench/results/quant-kernels.json); two are used, chosen once per process by
+# :func:`.int8_kernel.kernel` and logged:
 #
-# Private PyTorch API (a reach-in): torch.ops.quantized.linear_prepack / linear_dynamic and
-# torch._make_per_channel_quantized_tensor, tested with torch 2.13.0 (x86 quantized engine).
+# * lmforge's own kernel (int8_kernel.c), where the CPU has AVX-512 VNNI and torch one thread: the
+#   weight packed once in its loop's order, each row quantized by its own scale, exact int32 sums,
+#   about twice fbgemm's speed at a decode step's few rows; a row's output equals a PyTorch reference
+#   bit for bit, alone or in any batch.
+# * fbgemm's dynamic linear elsewhere (it spreads a product over torch's threads). It quantizes its
+#   input with one scale for the whole batch, so a request's tokens would depend on the other requests
+#   in it. Each row is therefore divided by its own largest magnitude first and one constant row (-1, 1,
+#   0, ...) is appended: the batch's range is then always exactly [-1, 1], fbgemm picks the same
+#   quantization parameters for every call, and each row is quantized by its own scale in effect (per
+#   token: 255 levels over [-max|x|, max|x|]); the output rows are multiplied back. Integer sums are
+#   exact, so a row's output has the same bits alone and in any batch.
+#
+# oneDNN's qlinear (per-token uint8 in, float out) and torch._int_mm were 1.5-3x slower than fbgemm at
+# one row. Private PyTorch API of the fbgemm way (a reach-in): torch.ops.quantized.linear_prepack /
+# linear_dynamic and torch._make_per_channel_quantized_tensor, tested with torch 2.13.0 (x86 quantized
+# engine).
 
 _INT8 = "_lmforge_int8"
 #: a Linear's per-output-channel float32 weight scale (out x 1), set when its weight holds int8 values
@@ -154,7 +162,8 @@ class Int8Weight:
             return scaling.call(rows, self.packed, bias)
         # the same operations in PyTorch (no C library)
         magnitude = rows.abs().amax(-1, keepdim=True).clamp_(min=1e-30)
-        y = torch.ops.quantized.linear_dynamic(torch.cat((rows / magnitude, self.sentinel)), self.packed, False)
+        scaled = torch.cat((rows / magnitude, self.sentinel))
+        y = torch.ops.quantized.linear_dynamic(scaled, self.packed, False)
         y = y[: rows.shape[0]].mul_(magnitude)
         return y.add_(bias) if bias is not None else y
 

@@ -72,7 +72,7 @@ class PackedInt8:
 
     def __init__(self, kernel: Kernel, q: torch.Tensor, scale: torch.Tensor) -> None:
         if q.dtype != torch.int8 or q.dim() != 2 or scale.numel() != q.shape[0]:
-            raise ValueError(f"an int8 weight of shape {list(q.shape)} ({q.dtype}) with {scale.numel()} scales")
+            raise ValueError(f"int8 weight {list(q.shape)} ({q.dtype}) with {scale.numel()} scales")
         self.kernel = kernel
         self.n, self.k = q.shape
         self.kp = (self.k + 3) // 4 * 4

@@ -143,12 +143,22 @@ def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
             + (", or serve this folder on LMI-Dist, which quantizes at load" if asked == "w8a8" else "")
         )
     qc = quantization_config(model)
-    if qc is not None and config.dtype == "fp32" and _is_gptq(qc) and _cpu_platform():
+    if qc is not None and config.dtype == "fp32" and _is_scheme(qc, "gptq") and _cpu_platform():
         problems.append(
             f"option.dtype=fp32 with a gptq (W4A16 int4) checkpoint: vLLM {_version()}'s CPU int4 kernel "
             "(CPUWNA16LinearKernel, cpu_gemm_wna16) has no float32 path (it fails at the first request); "
             "set option.dtype=bf16, or serve the folder on LMI-Dist (option.rolling_batch=lmi-dist)"
         )
+    if qc is not None and config.dtype == "fp32" and _is_scheme(qc, "w8a8") and _cpu_platform():
+        from lmforge.engines.vllm.compile_manifest import cpu_flags
+
+        if "amx_tile" in cpu_flags():
+            problems.append(
+                f"option.dtype=fp32 with a w8a8 (int8) checkpoint on a CPU with AMX: vLLM {_version()} "
+                "runs it on its AMX int8 kernel (int8_scaled_mm_with_quant), which takes bfloat16 or "
+                "float16 activations only (it fails at the first request); set option.dtype=bf16, or "
+                "serve the folder on LMI-Dist (option.rolling_batch=lmi-dist)"
+            )
     head = str((read_manifest(model) or {}).get("lm_head", ""))
     if head.startswith(("int8", "int4")):
         method = (read_manifest(model) or {}).get("method", "quantized")
@@ -160,11 +170,11 @@ def _quantization_problems(config: ServingConfig, model: Path) -> list[str]:
     return problems
 
 
-def _is_gptq(qc: dict[str, Any]) -> bool:
+def _is_scheme(qc: dict[str, Any], method: str) -> bool:
     from lmforge.quantize import QuantizeError, checkpoint_scheme
 
     try:
-        return checkpoint_scheme(qc) == "gptq"
+        return checkpoint_scheme(qc) == method
     except QuantizeError:
         return False
 
