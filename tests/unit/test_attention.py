@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from lmforge.engines.lmi_dist.attention import _per_request, _per_request_pays
@@ -66,3 +67,52 @@ def test_batched_decode_equals_per_request_attention() -> None:
     ours = _decode_batch(q[0], k_cache, v_cache, slots.reshape(-1), mask, None, heads // kv_heads)
     ref = _per_request(q, k, v, list(range(rows + 1)), cu_k, None, True)[0]
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize("dim", [64, 12])
+def test_c_decode_attention_equals_sdpa_and_each_row_is_its_own(portable: bool, dim: int) -> None:
+    """The C decode attention (attention_kernel.c), read in place from scattered cache slots, equals
+    one SDPA call per request to float rounding, on the vector path and the portable one, for a head
+    size that is a multiple of 8 and one that is not; each row gives the same bits alone as in the
+    batch; and a slot outside the cache is refused before anything is read."""
+    from lmforge.engines.lmi_dist import attention
+
+    kernel = attention._decode_kernel()
+    if kernel is None:
+        pytest.skip("the C library was not built")
+    torch.manual_seed(2)
+    k_lens = [9, 1, 30, 4, 17, 8, 130]
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    rows, heads, kv_heads = len(k_lens), 9, 3
+    q = torch.randn(1, heads, rows, dim) * 2
+    k = torch.randn(1, kv_heads, cu_k[-1], dim)
+    v = torch.randn(1, kv_heads, cu_k[-1], dim)
+    slots_of = torch.randperm(400)[: cu_k[-1]]
+    k_cache = torch.zeros(400, kv_heads, dim)
+    v_cache = torch.zeros(400, kv_heads, dim)
+    k_cache[slots_of] = k[0].transpose(0, 1)
+    v_cache[slots_of] = v[0].transpose(0, 1)
+    longest = max(k_lens)
+    slots = torch.zeros(rows, longest, dtype=torch.long)
+    for i, n in enumerate(k_lens):
+        slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
+    lengths = torch.tensor(k_lens)
+    scale = dim**-0.5
+    kernel.force_portable(portable)
+    try:
+        ours = kernel(q[0], k_cache, v_cache, slots.reshape(-1), lengths, scale)
+        ref = _per_request(q, k, v, list(range(rows + 1)), cu_k, None, True)[0]
+        torch.testing.assert_close(ours, ref, atol=2e-6, rtol=2e-5)
+        for i in range(rows):
+            n = k_lens[i]
+            alone = kernel(
+                q[0, :, i : i + 1], k_cache, v_cache, slots[i, :n].contiguous(), lengths[i : i + 1], scale
+            )
+            assert torch.equal(alone[:, 0], ours[:, i]), f"row {i} alone differs"
+    finally:
+        kernel.force_portable(False)
+    bad = slots.clone()
+    bad[2, 3] = 400
+    with pytest.raises(ValueError, match="out of range"):
+        kernel(q[0], k_cache, v_cache, bad.reshape(-1), lengths, scale)
