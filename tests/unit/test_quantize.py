@@ -140,12 +140,13 @@ def _w8a8_reference(x, q, scale, bias=None):
     return y + bias if bias is not None else y
 
 
-@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
-def test_own_int8_kernel_is_the_reference_bit_for_bit_and_each_rows_own(portable: bool) -> None:
-    """lmforge's int8 kernel (int8_kernel.c), on this CPU's path and on the portable C loop, equals
-    the W8A8 reference bit for bit: odd widths (k and n not multiples of 4 or 64), with and without a
-    bias, a zero row, strided rows, a batch past the scratch buffers' first size; and every row is the
-    same alone as in its batch."""
+@pytest.mark.parametrize("path", ["native", "no-amx", "portable"])
+def test_own_int8_kernel_is_the_reference_bit_for_bit_and_each_rows_own(path: str) -> None:
+    """lmforge's int8 kernel (int8_kernel.c), on this CPU's paths (AMX from 8 rows where there is AMX,
+    the VNNI loop) and on the portable C loop, equals the W8A8 reference bit for bit: odd widths (k and
+    n not multiples of 4 or 64), with and without a bias, a zero row, strided rows, a batch past the
+    scratch buffers' first size; and every row is the same alone as in its batch, where the batch runs
+    on AMX and the row alone on the VNNI loop."""
     import torch
 
     from lmforge.engines.lmi_dist import int8_kernel, lora_kernel
@@ -155,9 +156,10 @@ def test_own_int8_kernel_is_the_reference_bit_for_bit_and_each_rows_own(portable
         pytest.skip(f"the C library: {why}")
     kernel = int8_kernel.Kernel(lib)
     torch.manual_seed(0)
-    kernel.force_portable(portable)
+    kernel.force_portable(path == "portable")
+    kernel.force_no_amx(path == "no-amx")
     try:
-        for n, k in ((100, 37), (64, 64), (130, 576), (7, 1539)):
+        for n, k in ((100, 37), (64, 64), (130, 576), (7, 1539), (48, 128)):
             q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
             scale = torch.rand(n) * 0.01 + 1e-4
             packed = kernel.pack(q, scale)
@@ -175,7 +177,8 @@ def test_own_int8_kernel_is_the_reference_bit_for_bit_and_each_rows_own(portable
                         assert torch.equal(packed(rows[i : i + 1], b)[0], y[i]), f"row {i} alone differs"
     finally:
         kernel.force_portable(False)
-    assert packed(torch.empty(0, 1539), None).shape == (0, 7)
+        kernel.force_no_amx(False)
+    assert packed(torch.empty(0, 128), None).shape == (0, 48)
 
 
 def test_int8_kernel_choice_follows_the_env_and_names_its_reason(

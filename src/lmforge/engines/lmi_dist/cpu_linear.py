@@ -95,8 +95,9 @@ def prepack(model: torch.nn.Module, rows_hint: int) -> int:
 #
 # * lmforge's own kernel (int8_kernel.c), where the CPU has AVX-512 VNNI and torch one thread: the
 #   weight packed once in its loop's order, each row quantized by its own scale, exact int32 sums,
-#   about twice fbgemm's speed at a decode step's few rows; a row's output equals a PyTorch reference
-#   bit for bit, alone or in any batch.
+#   about twice fbgemm's speed at a decode step's few rows, and on AMX tiles from 8 rows up where the
+#   CPU has them (the same sums); a row's output equals a PyTorch reference bit for bit, alone or in
+#   any batch.
 # * fbgemm's dynamic linear elsewhere (it spreads a product over torch's threads). It quantizes its
 #   input with one scale for the whole batch, so a request's tokens would depend on the other requests
 #   in it. Each row is therefore divided by its own largest magnitude first and one constant row (-1, 1,

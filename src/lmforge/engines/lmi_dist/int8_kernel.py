@@ -24,7 +24,13 @@ log = logging.getLogger("lmforge.engines.lmi_dist")
 ENV = "LMFORGE_INT8_KERNEL"
 CHOICES = ("auto", "c", "fbgemm")
 _ISA = {1: "portable C", 2: "AVX-512 VNNI"}
-_SYMBOLS = ("lmforge_int8_pack", "lmforge_int8_linear", "lmforge_int8_isa", "lmforge_int8_force_portable")
+_SYMBOLS = (
+    "lmforge_int8_pack",
+    "lmforge_int8_linear",
+    "lmforge_int8_isa",
+    "lmforge_int8_amx",
+    "lmforge_int8_scratch_bytes",
+)
 
 
 class Kernel:
@@ -40,12 +46,24 @@ class Kernel:
         lib.lmforge_int8_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr]
         lib.lmforge_int8_isa.restype = ctypes.c_int
         lib.lmforge_int8_force_portable.argtypes = [ctypes.c_int]
+        lib.lmforge_int8_amx.restype = ctypes.c_int
+        lib.lmforge_int8_force_no_amx.argtypes = [ctypes.c_int]
+        lib.lmforge_int8_scratch_bytes.restype = i64
+        lib.lmforge_int8_scratch_bytes.argtypes = [i64, i64]
         self._lib = lib
         self._linear = lib.lmforge_int8_linear
         self._local = threading.local()
 
     def isa(self) -> str:
         return _ISA.get(self._lib.lmforge_int8_isa(), "?")
+
+    def amx(self) -> bool:
+        """Whether batches of 8 rows and more run on AMX (tdpbusd; the same sums as the VNNI loop)."""
+        return bool(self._lib.lmforge_int8_amx())
+
+    def force_no_amx(self, no: bool) -> None:
+        """Keep every batch on the VNNI loop (tests compare the two paths bit for bit)."""
+        self._lib.lmforge_int8_force_no_amx(1 if no else 0)
 
     def force_portable(self, portable: bool) -> None:
         """Run the portable C loop even where VNNI is there (tests check both paths bit for bit)."""
@@ -54,12 +72,14 @@ class Kernel:
     def pack(self, q: torch.Tensor, scale: torch.Tensor) -> PackedInt8:
         return PackedInt8(self, q, scale)
 
-    def scratch(self, rows: int, kp: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This thread's quantized-row buffer (at least rows x kp bytes) and row scales (rows floats),
-        grown to the largest call seen; a call uses them before the thread's next call."""
+    def scratch(self, rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This thread's quantized-row buffer (what ``lmforge_int8_linear`` needs for rows x k) and row
+        scales (rows floats), grown to the largest call seen; a call uses them before the thread's next
+        call."""
         found: tuple[torch.Tensor, torch.Tensor] | None = getattr(self._local, "buffers", None)
-        if found is None or found[0].numel() < rows * kp or found[1].numel() < rows:
-            size = max(rows * kp, 2 * found[0].numel() if found is not None else 1 << 16)
+        need = (rows + 15) // 16 * 16 * ((k + 3) // 4 * 4)  # lmforge_int8_scratch_bytes
+        if found is None or found[0].numel() < need or found[1].numel() < rows:
+            size = max(need, 2 * found[0].numel() if found is not None else 1 << 16)
             found = self._local.buffers = (
                 torch.empty(size, dtype=torch.uint8),
                 torch.empty(max(rows, 2 * found[1].numel() if found is not None else 64)),
@@ -90,7 +110,7 @@ class PackedInt8:
         y = torch.empty(m, self.n)
         if not m:
             return y
-        xq, xs = self.kernel.scratch(m, self.kp)
+        xq, xs = self.kernel.scratch(m, self.k)
         self.kernel._linear(
             rows.data_ptr(), m, self.k, rows.stride(0), self.weight.data_ptr(), self.comp.data_ptr(),
             self.scale.data_ptr(), None if bias is None else bias.data_ptr(), self.n, y.data_ptr(),
@@ -122,5 +142,6 @@ def kernel() -> Kernel | None:
     if found is None:
         log.info("lmi-dist: W8A8 products on fbgemm (lmforge's int8 kernel: %s)", why)
     else:
-        log.info("lmi-dist: W8A8 products on lmforge's int8 kernel (%s)", found.isa())
+        amx = ", AMX from 8 rows" if found.amx() else ""
+        log.info("lmi-dist: W8A8 products on lmforge's int8 kernel (%s%s)", found.isa(), amx)
     return found
