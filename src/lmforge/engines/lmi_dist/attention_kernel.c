@@ -104,11 +104,10 @@ AVX2 static void row_avx2(const float *q, int64_t q_head_stride, const float *kc
                           float scale, float *out, int64_t out_head_stride, float *scores) {
   const int64_t slot_stride = kv_heads * dim;
   for (int64_t h = 0; h < kv_heads; h++) {
-    for (int64_t g = 0; g < groups; g++) {
-      const float *qh = q + (h * groups + g) * q_head_stride;
-      float *s = scores + g * len;
-      for (int64_t j = 0; j < len; j++) {
-        const float *k = kc + slots[j] * slot_stride + h * dim;
+    for (int64_t j = 0; j < len; j++) { /* each key read once, by every query head of its group */
+      const float *k = kc + slots[j] * slot_stride + h * dim;
+      for (int64_t g = 0; g < groups; g++) {
+        const float *qh = q + (h * groups + g) * q_head_stride;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         int64_t d = 0;
         for (; d + 16 <= dim; d += 16) {
@@ -116,7 +115,7 @@ AVX2 static void row_avx2(const float *q, int64_t q_head_stride, const float *kc
           a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d + 8), _mm256_loadu_ps(k + d + 8), a1);
         }
         if (d < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + d), _mm256_loadu_ps(k + d), a0);
-        s[j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+        scores[g * len + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
       }
     }
     for (int64_t g = 0; g < groups; g++) {
@@ -145,13 +144,21 @@ AVX2 static void row_avx2(const float *q, int64_t q_head_stride, const float *kc
       }
       const float inv = 1.0f / hsum8(vs);
       float *o = out + (h * groups + g) * out_head_stride;
-      for (int64_t d0 = 0; d0 < dim; d0 += 8) {
-        __m256 acc = _mm256_setzero_ps();
+      for (int64_t d0 = 0; d0 < dim; d0 += 64) { /* 8 accumulators: one pass over the values per 64 */
+        const int64_t width = dim - d0 < 64 ? (dim - d0) / 8 : 8;
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
         for (int64_t jj = 0; jj < len; jj++) {
           const float *v = vc + slots[jj] * slot_stride + h * dim + d0;
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(s[jj]), _mm256_loadu_ps(v), acc);
+          const __m256 p = _mm256_set1_ps(s[jj]);
+          if (width == 8) {
+            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+          } else {
+            for (int c = 0; c < width; c++) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * c), acc[c]);
+          }
         }
-        _mm256_storeu_ps(o + d0, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+        const __m256 vi = _mm256_set1_ps(inv);
+        for (int c = 0; c < width; c++) _mm256_storeu_ps(o + d0 + 8 * c, _mm256_mul_ps(acc[c], vi));
       }
     }
   }
