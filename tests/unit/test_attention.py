@@ -40,6 +40,26 @@ def test_dense_is_kept_when_it_wastes_little() -> None:
     assert _per_request_pays([0, *range(1, 33)], [0, *range(500, 500 * 33, 500)])  # 32 rows x 500 keys
 
 
+def _scattered_cache(k_lens: list[int], heads: int, kv_heads: int, dim: int, n_slots: int):  # type: ignore[no-untyped-def]
+    """Packed queries/keys/values of requests with ``k_lens`` keys, the keys also held by a cache
+    [n_slots, kv heads, dim] at scattered slots; returns (cu_k, q, k, v, k_cache, v_cache, slots
+    [rows, longest], 0 past a row's keys)."""
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    rows = len(k_lens)
+    q = torch.randn(1, heads, rows, dim) * 2
+    k = torch.randn(1, kv_heads, cu_k[-1], dim)
+    v = torch.randn(1, kv_heads, cu_k[-1], dim)
+    slots_of = torch.randperm(n_slots)[: cu_k[-1]]
+    k_cache = torch.zeros(n_slots, kv_heads, dim)
+    v_cache = torch.zeros(n_slots, kv_heads, dim)
+    k_cache[slots_of] = k[0].transpose(0, 1)
+    v_cache[slots_of] = v[0].transpose(0, 1)
+    slots = torch.zeros(rows, max(k_lens), dtype=torch.long)
+    for i, n in enumerate(k_lens):
+        slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
+    return cu_k, q, k, v, k_cache, v_cache, slots
+
+
 def test_batched_decode_equals_per_request_attention() -> None:
     """Decode rows against keys read from their cache slots, the query heads of a key head grouped:
     the same as one call per request over packed keys."""
@@ -47,22 +67,10 @@ def test_batched_decode_equals_per_request_attention() -> None:
 
     torch.manual_seed(1)
     k_lens = [9, 1, 30, 4, 17]
-    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
-    rows, heads, kv_heads, dim = len(k_lens), 6, 3, 8
-    q = torch.randn(1, heads, rows, dim)
-    k = torch.randn(1, kv_heads, cu_k[-1], dim)
-    v = torch.randn(1, kv_heads, cu_k[-1], dim)
-    # the cache holds the packed keys at scattered slots
-    slots_of = torch.randperm(200)[: cu_k[-1]]
-    k_cache = torch.zeros(200, kv_heads, dim)
-    v_cache = torch.zeros(200, kv_heads, dim)
-    k_cache[slots_of] = k[0].transpose(0, 1)
-    v_cache[slots_of] = v[0].transpose(0, 1)
-    longest = max(k_lens)
-    slots = torch.zeros(rows, longest, dtype=torch.long)
-    mask = torch.zeros(rows, 1, 1, longest, dtype=torch.bool)
+    rows, heads, kv_heads = len(k_lens), 6, 3
+    cu_k, q, k, v, k_cache, v_cache, slots = _scattered_cache(k_lens, heads, kv_heads, 8, 200)
+    mask = torch.zeros(rows, 1, 1, slots.shape[1], dtype=torch.bool)
     for i, n in enumerate(k_lens):
-        slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
         mask[i, ..., :n] = True
     ours = _decode_batch(q[0], k_cache, v_cache, slots.reshape(-1), mask, None, heads // kv_heads)
     ref = _per_request(q, k, v, list(range(rows + 1)), cu_k, None, True)[0]
@@ -83,20 +91,8 @@ def test_c_decode_attention_equals_sdpa_and_each_row_is_its_own(portable: bool, 
         pytest.skip("the C library was not built")
     torch.manual_seed(2)
     k_lens = [9, 1, 30, 4, 17, 8, 130]
-    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
     rows, heads, kv_heads = len(k_lens), 9, 3
-    q = torch.randn(1, heads, rows, dim) * 2
-    k = torch.randn(1, kv_heads, cu_k[-1], dim)
-    v = torch.randn(1, kv_heads, cu_k[-1], dim)
-    slots_of = torch.randperm(400)[: cu_k[-1]]
-    k_cache = torch.zeros(400, kv_heads, dim)
-    v_cache = torch.zeros(400, kv_heads, dim)
-    k_cache[slots_of] = k[0].transpose(0, 1)
-    v_cache[slots_of] = v[0].transpose(0, 1)
-    longest = max(k_lens)
-    slots = torch.zeros(rows, longest, dtype=torch.long)
-    for i, n in enumerate(k_lens):
-        slots[i, :n] = slots_of[cu_k[i] : cu_k[i] + n]
+    cu_k, q, k, v, k_cache, v_cache, slots = _scattered_cache(k_lens, heads, kv_heads, dim, 400)
     lengths = torch.tensor(k_lens)
     scale = dim**-0.5
     kernel.force_portable(portable)

@@ -141,6 +141,28 @@ VNNI static float quantize_row_vnni(const float *x, int64_t k, int64_t kp, uint8
   return m / 127.0f;
 }
 
+/* y[r][c0 + c] for R rows and the 64 channels of a group from their exact sums (sums[c / 16][r * 16 +
+ * c % 16]): ((float)(sum - comp) * w_scale) * x_scale (+ bias), the one epilogue of every path */
+VNNI static inline __attribute__((always_inline)) void finish_group(const int32_t sums[4][256], int64_t R,
+                                                                     const float *xs, const int32_t *comp,
+                                                                     const float *wscale, const float *bias,
+                                                                     int64_t n, int64_t c0, float *y) {
+  for (int b = 0; b < 4; b++) {
+    const int64_t c = c0 + 16 * b;
+    if (c >= n) break;
+    const __mmask16 keep = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1u);
+    const __m512i vc = _mm512_maskz_loadu_epi32(keep, comp + c);
+    const __m512 vw = _mm512_maskz_loadu_ps(keep, wscale + c);
+    const __m512 vb = bias ? _mm512_maskz_loadu_ps(keep, bias + c) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < R; r++) {
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(sums[b] + r * 16), vc)), vw);
+      v = _mm512_mul_ps(v, _mm512_set1_ps(xs[r]));
+      if (bias) v = _mm512_add_ps(v, vb);
+      _mm512_mask_storeu_ps(y + r * n + c, keep, v);
+    }
+  }
+}
+
 /* R rows (1..ROWS) times one group of 64 channels */
 VNNI static inline __attribute__((always_inline)) void group_vnni(const uint8_t *xq, const float *xs, int R,
                                                                    int64_t kp, const int8_t *wg, const int32_t *comp,
@@ -164,20 +186,10 @@ VNNI static inline __attribute__((always_inline)) void group_vnni(const uint8_t 
       acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], xb, w3);
     }
   }
-  for (int b = 0; b < 4; b++) {
-    const int64_t c = c0 + 16 * b;
-    if (c >= n) break;
-    const __mmask16 keep = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1u);
-    const __m512i vc = _mm512_maskz_loadu_epi32(keep, comp + c);
-    const __m512 vw = _mm512_maskz_loadu_ps(keep, wscale + c);
-    const __m512 vb = bias ? _mm512_maskz_loadu_ps(keep, bias + c) : _mm512_setzero_ps();
-    for (int r = 0; r < R; r++) {
-      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], vc)), vw);
-      v = _mm512_mul_ps(v, _mm512_set1_ps(xs[r]));
-      if (bias) v = _mm512_add_ps(v, vb);
-      _mm512_mask_storeu_ps(y + r * n + c, keep, v);
-    }
-  }
+  int32_t sums[4][256];
+  for (int r = 0; r < R; r++)
+    for (int b = 0; b < 4; b++) _mm512_storeu_si512(sums[b] + r * 16, acc[r][b]);
+  finish_group(sums, R, xs, comp, wscale, bias, n, c0, y);
 }
 
 VNNI static void linear_vnni(const uint8_t *xq, const float *xs, int64_t rows, int64_t kp, const int8_t *packed,
@@ -271,21 +283,7 @@ AMX static void linear_amx(const uint8_t *xq, const float *xs, int64_t rows, int
       _tile_stored(2, acc[2], 64);
       _tile_stored(3, acc[3], 64);
       const int64_t rn = rows - r0 < 16 ? rows - r0 : 16;
-      for (int b = 0; b < 4; b++) {
-        const int64_t c = c0 + 16 * b;
-        if (c >= n) break;
-        const __mmask16 keep = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1u);
-        const __m512i vc = _mm512_maskz_loadu_epi32(keep, comp + c);
-        const __m512 vw = _mm512_maskz_loadu_ps(keep, wscale + c);
-        const __m512 vb = bias ? _mm512_maskz_loadu_ps(keep, bias + c) : _mm512_setzero_ps();
-        for (int64_t r = 0; r < rn; r++) {
-          const __m512i sum = _mm512_loadu_si512(acc[b] + r * 16);
-          __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, vc)), vw);
-          v = _mm512_mul_ps(v, _mm512_set1_ps(xs[r0 + r]));
-          if (bias) v = _mm512_add_ps(v, vb);
-          _mm512_mask_storeu_ps(y + (r0 + r) * n + c, keep, v);
-        }
-      }
+      finish_group(acc, rn, xs + r0, comp, wscale, bias, n, c0, y + r0 * n);
     }
   }
   _tile_release();
