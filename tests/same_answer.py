@@ -420,19 +420,26 @@ def _gap(answer: Answer, i: int) -> float | None:
     return values[0] - values[1]
 
 
+def answers_alone(url: str, probes: list[Probe]) -> list[Answer]:
+    """Each of ``probes`` sent alone, one after another, to ``url``: the answers in order."""
+    return asyncio.run(_alone_then_crowds(url, probes, 0, 0))[0]
+
+
 def same_with_speculation(
-    url_off: str, url_on: str, probes: list[Probe], *, tol: float = TOL
+    off: str | list[Answer], url_on: str, probes: list[Probe], *, tol: float = TOL, rounds: int = 2
 ) -> tuple[dict[str, Answer], list[str]]:
-    """Each probe's answer with speculation on (``url_on``, alone and in a crowd of all the probes) equals
-    its answer with it off (``url_off``, alone): the same tokens and text, log-probs within ``tol``.
+    """Each probe's answer with speculation on (``url_on``, alone and in ``rounds`` crowds of all the
+    probes) equals its answer with it off (``off``: a URL to send each probe alone to, or those answers
+    already, from :func:`answers_alone`): the same tokens and text, log-probs within ``tol``.
     A probe whose tokens part where the top two log-probs were within :data:`NEAR_TIE` is reported by
     name in the returned near-ties (its later tokens cannot compare), never dropped silently; any other
-    difference fails. Returns the answers with speculation on, by name, and the near-ties."""
-    off = asyncio.run(_alone_then_crowds(url_off, probes, 0, 0))[0]
-    on = same_alone_and_in_a_crowd(url_on, probes, rounds=2, seed=1, tol=tol)
+    difference fails. Returns the answers with speculation on sent alone, by name, and the near-ties."""
+    want_all = answers_alone(off, probes) if isinstance(off, str) else off
+    assert len(want_all) == len(probes), "one answer without speculation per probe"
+    on = same_alone_and_in_a_crowd(url_on, probes, rounds=rounds, seed=1, tol=tol)
     problems: list[str] = []
     near_ties: list[str] = []
-    for probe, want in zip(probes, off, strict=True):
+    for probe, want in zip(probes, want_all, strict=True):
         got = on[probe.name]
         flip = _first_flip(want, got)
         if flip is not None:

@@ -8,7 +8,6 @@ depend on the other rows), and the quantized-at-load model must answer as the co
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from lmforge.testing.server import RemoteServer
-from tests.same_answer import Probe, _alone_then_crowds, same_alone_and_in_a_crowd, standard_probes
+from tests.same_answer import Probe, answers_alone, same_alone_and_in_a_crowd, standard_probes
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("quantized")]
 
@@ -121,7 +120,7 @@ def _lora_probes() -> list[Probe]:
 def test_lora_adapters_apply_over_a_quantized_base(lora_server: RemoteServer) -> None:
     assert "linear layers on int8 weights (W8A8" in lora_server.logs()
     probes = _lora_probes()
-    alone, _ = asyncio.run(_alone_then_crowds(lora_server.url, probes, 0, 0))  # each sent alone
+    alone = answers_alone(lora_server.url, probes)
     answers = dict(zip((p.name for p in probes), alone, strict=True))
     base = [p.name for p in probes if not p.name.startswith("a")]
     assert any(answers[f"a1-{k}"] != answers[k] for k in base), "adapter a1 changed nothing"
@@ -213,7 +212,7 @@ def gptq_lora_server(
 def test_lora_adapters_apply_over_a_gptq_base(gptq_lora_server: RemoteServer) -> None:
     assert "linear layers on int4 weights (W4A16" in gptq_lora_server.logs()
     probes = _lora_probes()
-    alone, _ = asyncio.run(_alone_then_crowds(gptq_lora_server.url, probes, 0, 0))
+    alone = answers_alone(gptq_lora_server.url, probes)
     answers = dict(zip((p.name for p in probes), alone, strict=True))
     base = [p.name for p in probes if not p.name.startswith("a")]
     assert any(answers[f"a1-{k}"] != answers[k] for k in base), "adapter a1 changed nothing"

@@ -21,7 +21,9 @@ import pytest
 from lmforge.testing.server import RemoteServer
 from tests.conftest import Reference
 from tests.same_answer import (
+    Answer,
     Probe,
+    answers_alone,
     echo_probe,
     prompt_logprobs,
     same_alone_and_in_a_crowd,
@@ -90,6 +92,19 @@ def test_lmi_dist_same_alone_and_in_a_crowd(smollm2_lmi_dist: RemoteServer, refe
 SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 64}
 
 
+def _speculation_probes() -> list[Probe]:
+    """What the speculation tests send: probes that copy from their prompts, and the standard probes
+    (sampled, structured, penalties, echo), which speculate little or not at all."""
+    return [*speculation_probes(PROMPTS), *standard_probes(PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def speculation_off(smollm2_lmi_dist: RemoteServer) -> list[Answer]:
+    """:func:`_speculation_probes` answered without speculation, each sent alone: what every
+    speculating server of this module must answer, asked once."""
+    return answers_alone(smollm2_lmi_dist.url, _speculation_probes())
+
+
 @pytest.fixture(scope="module")
 def smollm2_lmi_dist_speculative(smollm2_model: Path) -> Iterator[RemoteServer]:
     with RemoteServer(smollm2_model, env={"OPTION_SPECULATIVE_CONFIG": json.dumps(SPECULATION)}) as server:
@@ -97,15 +112,15 @@ def smollm2_lmi_dist_speculative(smollm2_model: Path) -> Iterator[RemoteServer]:
 
 
 def test_lmi_dist_speculation_gives_the_same_answer(
-    smollm2_lmi_dist: RemoteServer, smollm2_lmi_dist_speculative: RemoteServer
+    speculation_off: list[Answer], smollm2_lmi_dist_speculative: RemoteServer
 ) -> None:
     """Greedy answers with n-gram speculation equal those without, alone and in a crowd with requests
     that do not speculate (the standard probes: sampled, structured, penalties, echo); a flip at a
     near-tie is reported by name. The crowd's own consistency is checked by the standard probes too."""
     import httpx
 
-    probes = [*speculation_probes(PROMPTS), *standard_probes(PROMPTS)]
-    _, near_ties = same_with_speculation(smollm2_lmi_dist.url, smollm2_lmi_dist_speculative.url, probes)
+    probes = _speculation_probes()
+    _, near_ties = same_with_speculation(speculation_off, smollm2_lmi_dist_speculative.url, probes)
     for tie in near_ties:
         warnings.warn(f"near-tie: {tie}", stacklevel=1)  # reported by name in pytest's summary
     metrics = httpx.get(smollm2_lmi_dist_speculative.url + "/metrics").text
@@ -117,9 +132,13 @@ def test_lmi_dist_speculation_gives_the_same_answer(
     assert accepted > 0, "no draft was ever accepted: speculation did not run"
 
 
-#: a draft model as LMI-Dist serves it in these tests: SmolLM2-135M's first DRAFT_LAYERS of 30 decoder
-#: layers (no training), its own model folder
-DRAFT_LAYERS = 8
+#: a draft model as LMI-Dist serves it in these tests: a copy of SmolLM2-135M with all its 30 decoder
+#: layers, in its own model folder. Its proposals are the model's raw greedy choice, so most are accepted
+#: (each step verifies several tokens, in crowds too), and the requests whose penalties, structured
+#: output or stop strings change the choice reject some. A layer-truncated copy without training agrees
+#: with the model too rarely to test much: its first 8 layers, 2 % of tokens (3 of 729 proposals
+#: accepted here, 2026-12-03), each request soon stops speculating.
+DRAFT_LAYERS = 30
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +147,8 @@ def smollm2_lmi_dist_draft(
 ) -> Iterator[RemoteServer]:
     from lmforge.models.truncate import write_truncated_model
 
-    draft = write_truncated_model(smollm2_model, tmp_path_factory.mktemp("draft") / "smollm2-8", DRAFT_LAYERS)
+    folder = tmp_path_factory.mktemp("draft") / "smollm2-draft"
+    draft = write_truncated_model(smollm2_model, folder, DRAFT_LAYERS)
     spec = {
         "method": "draft_model",
         "model": str(draft),
@@ -140,16 +160,16 @@ def smollm2_lmi_dist_draft(
 
 
 def test_lmi_dist_draft_speculation_gives_the_same_answer(
-    smollm2_lmi_dist: RemoteServer, smollm2_lmi_dist_draft: RemoteServer
+    speculation_off: list[Answer], smollm2_lmi_dist_draft: RemoteServer
 ) -> None:
     """Greedy answers with a draft model proposing equal those without, alone and in a crowd with
-    requests that do not speculate; a flip at a near-tie is reported by name; the layer-truncated
-    draft's proposals are accepted (a real acceptance, not a draft that is never right), and the
-    per-proposer series say so."""
+    requests that do not speculate; a flip at a near-tie is reported by name; the draft's proposals
+    are accepted and rejected both (the verifier keeps some and drops others), and the per-proposer
+    series say so."""
     import httpx
 
-    probes = [*speculation_probes(PROMPTS), *standard_probes(PROMPTS)]
-    _, near_ties = same_with_speculation(smollm2_lmi_dist.url, smollm2_lmi_dist_draft.url, probes)
+    probes = _speculation_probes()
+    _, near_ties = same_with_speculation(speculation_off, smollm2_lmi_dist_draft.url, probes, rounds=1)
     for tie in near_ties:
         warnings.warn(f"near-tie: {tie}", stacklevel=1)
     metrics = httpx.get(smollm2_lmi_dist_draft.url + "/metrics").text
@@ -160,7 +180,7 @@ def test_lmi_dist_draft_speculation_gives_the_same_answer(
     }
     proposed = values['lmforge_engine_speculative_proposer_proposed_tokens_total{proposer="draft_model"}']
     accepted = values['lmforge_engine_speculative_proposer_accepted_tokens_total{proposer="draft_model"}']
-    assert 0 < accepted <= proposed, values
+    assert 0 < accepted < proposed, values
     assert proposed == values["lmforge_engine_speculative_proposed_tokens_total"]
 
 
