@@ -40,7 +40,9 @@ def test_dense_is_kept_when_it_wastes_little() -> None:
     assert _per_request_pays([0, *range(1, 33)], [0, *range(500, 500 * 33, 500)])  # 32 rows x 500 keys
 
 
-def _scattered_cache(k_lens: list[int], heads: int, kv_heads: int, dim: int, n_slots: int):  # type: ignore[no-untyped-def]
+def _scattered_cache(
+    k_lens: list[int], heads: int, kv_heads: int, dim: int, n_slots: int
+) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed queries/keys/values of requests with ``k_lens`` keys, the keys also held by a cache
     [n_slots, kv heads, dim] at scattered slots; returns (cu_k, q, k, v, k_cache, v_cache, slots
     [rows, longest], 0 past a row's keys)."""
