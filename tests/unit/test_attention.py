@@ -114,3 +114,59 @@ def test_c_decode_attention_equals_sdpa_and_each_row_is_its_own(portable: bool, 
     bad[2, 3] = 400
     with pytest.raises(ValueError, match="out of range"):
         kernel(q[0], k_cache, v_cache, bad.reshape(-1), lengths, scale)
+
+
+def _step_for(q_lens: list[int], k_lens: list[int], read_index: torch.Tensor, row_wise: bool):  # type: ignore[no-untyped-def]
+    from lmforge.engines.lmi_dist.attention import _plan_direct, _Step
+
+    cu_q = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    step = _Step(cu_q, cu_k)
+    _plan_direct(step, read_index, row_wise)
+    return step
+
+
+def test_verify_rows_after_cached_keys_attend_as_decode_rows_each_with_its_own_keys() -> None:
+    """A speculative step's verify rows (a few queries after cached keys) are decode rows with the
+    key counts of their positions; a first prefill and a long chunk stay causal blocks; without the
+    row-wise kernel the verify rows stay a block too."""
+    from lmforge.engines.lmi_dist.attention import ROW_WISE_QUERIES
+
+    # decode, verify (5 queries, 20 keys), a first prefill (7 of 7), a long chunk after cached keys
+    q_lens, k_lens = [1, 5, 7, ROW_WISE_QUERIES + 1], [9, 20, 7, 60]
+    read_index = torch.arange(sum(k_lens)) + 100
+    step = _step_for(q_lens, k_lens, read_index, row_wise=True)
+    assert step.decode_rows is not None and step.lengths is not None and step.slots is not None
+    assert step.decode_rows.tolist() == [0, 1, 2, 3, 4, 5]
+    assert step.lengths.tolist() == [9, 16, 17, 18, 19, 20]
+    slots = step.slots.view(6, -1)
+    assert slots[2, :17].tolist() == list(range(109, 126))  # the verify request's keys, from its start
+    assert [(q0, q1) for q0, q1, _ in step.prefills or ()] == [(6, 13), (13, 13 + ROW_WISE_QUERIES + 1)]
+    plain = _step_for(q_lens, k_lens, read_index, row_wise=False)
+    assert plain.decode_rows is not None and plain.decode_rows.tolist() == [0]
+    assert [(q0, q1) for q0, q1, _ in plain.prefills or ()] == [
+        (1, 6),
+        (6, 13),
+        (13, 13 + ROW_WISE_QUERIES + 1),
+    ]
+
+
+def test_verify_rows_get_the_bits_each_would_get_decoded_alone() -> None:
+    """On the C kernel, each verify row's attention has the bits of the same row decoded one step at a
+    time (what a W8A8 model needs for speculation to give the same answer), in a step with others."""
+    from lmforge.engines.lmi_dist import attention
+
+    if attention._decode_kernel() is None:
+        pytest.skip("the C library was not built")
+    torch.manual_seed(3)
+    heads, kv_heads, dim, n_slots = 9, 3, 64, 300
+    q_lens, k_lens = [1, 5, 1], [12, 40, 33]
+    read_index = torch.randperm(n_slots)[: sum(k_lens)]
+    k_cache, v_cache = torch.randn(n_slots, kv_heads, dim), torch.randn(n_slots, kv_heads, dim)
+    query = torch.randn(1, heads, sum(q_lens), dim)
+    step = _step_for(q_lens, k_lens, read_index, row_wise=True)
+    out = attention._attend_direct(query, k_cache, v_cache, step, None, heads // kv_heads)
+    for j in range(5):  # verify row j: position 35 + j of the second request, alone
+        alone = _step_for([1], [36 + j], read_index[12 : 12 + 36 + j], row_wise=True)
+        got = attention._attend_direct(query[:, :, 1 + j : 2 + j], k_cache, v_cache, alone, None, 3)
+        assert torch.equal(got[0, :, 0], out[0, :, 1 + j]), f"verify row {j}"

@@ -17,6 +17,9 @@ keys only:
   mask, and the query heads that share a key head are that head's queries (no copy of the keys per
   query head), so a layer makes a handful of calls, not one per request;
 * prefill rows (a prompt, or a chunk of one) attend per request, causal with the right offset;
+  on the C kernel below, a request's few queries after cached keys (a speculative step's verify rows,
+  up to :data:`ROW_WISE_QUERIES`) are decode rows instead, each with the keys up to its position, so
+  they get the bits one-at-a-time decoding gets;
 * what a step's layout implies (lengths, cache slots, masks) is worked out once, at layer 0, and
   reused by every later layer of the same forward pass (on CUDA that is also one host sync per step
   instead of one per layer).
@@ -54,6 +57,8 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import AttentionInterface
 
+from lmforge.config.speculative import MAX_SPECULATIVE_TOKENS
+
 log = logging.getLogger("lmforge.engines.lmi_dist")
 _INSTALLED = False
 _GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -63,6 +68,9 @@ _GPU_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 #: on CPU with bench/lmi_dist_attention.py on the tiny example model, 4 heads of 32)
 WASTE_PER_CALL = 4096
 _WASTE_WIDTH = 128
+#: most queries of one request that attend row by row on the C kernel when keys before them are cached:
+#: a speculative step's verify rows (the last token and up to the cap of drafts)
+ROW_WISE_QUERIES = MAX_SPECULATIVE_TOKENS + 1
 
 
 @dataclass
@@ -89,10 +97,11 @@ class _Step:
 _step: _Step | None = None
 
 
-def _layout(module: torch.nn.Module, cache: Any, kwargs: dict[str, Any]) -> _Step:
+def _layout(module: torch.nn.Module, cache: Any, kwargs: dict[str, Any], row_wise: bool) -> _Step:
     """The current step's layout: worked out at layer 0 (or when the batch says it is another step),
     then reused by the later layers of the same forward pass. Reads the kwargs before the cache
-    update narrows them to this layer's attention kind."""
+    update narrows them to this layer's attention kind. ``row_wise``: the step's float32 CPU rows
+    attend on the C kernel, where a short run of queries after cached keys is decode rows too."""
     global _step
     cu_seq_q = kwargs["cu_seq_lens_q"]
     step = _step
@@ -111,36 +120,46 @@ def _layout(module: torch.nn.Module, cache: Any, kwargs: dict[str, Any]) -> _Ste
         and read_index is not None
         and read_index.numel()
     ):
-        _plan_direct(step, cu_seq_q, cu_seq_k.to(read_index.device), read_index)
+        _plan_direct(step, read_index, row_wise)
     _step = step
     return step
 
 
-def _plan_direct(
-    step: _Step, cu_seq_q: torch.Tensor, cu_seq_k: torch.Tensor, read_index: torch.Tensor
-) -> None:
+def _plan_direct(step: _Step, read_index: torch.Tensor, row_wise: bool) -> None:
+    """Which query rows attend as decode rows (each on its own, with its number of keys) and which
+    requests attend as one causal block. With ``row_wise``, a request's few queries after keys already
+    in the cache (a speculative step's verify rows: the last token and its drafts) are decode rows
+    too, row j seeing the keys up to its own position: the same call, hence the same bits, as if each
+    had come one step at a time; else the block's SDPA rounds them otherwise, and a W8A8 model, whose
+    per-token quantization turns the last bit into a different int8 value, would then answer
+    differently with speculation on."""
     device = read_index.device
-    q_lens = cu_seq_q[1:] - cu_seq_q[:-1]
-    decode = [i for i in range(len(step.cu_q) - 1) if step.cu_q[i + 1] - step.cu_q[i] == 1]
     step.direct = True
-    step.prefills = [
-        (step.cu_q[i], step.cu_q[i + 1], read_index[step.cu_k[i] : step.cu_k[i + 1]])
-        for i in range(len(step.cu_q) - 1)
-        if step.cu_q[i + 1] - step.cu_q[i] > 1
-    ]
-    if not decode:
+    step.prefills = []
+    rows: list[int] = []
+    starts: list[int] = []
+    lengths: list[int] = []
+    cu_q, cu_k = step.cu_q, step.cu_k
+    for i in range(len(cu_q) - 1):
+        q0, q_len, k0, k_len = cu_q[i], cu_q[i + 1] - cu_q[i], cu_k[i], cu_k[i + 1] - cu_k[i]
+        if q_len == 1 or (row_wise and 1 < q_len <= ROW_WISE_QUERIES < k_len):
+            rows.extend(range(q0, q0 + q_len))
+            starts.extend([k0] * q_len)
+            lengths.extend(range(k_len - q_len + 1, k_len + 1))
+        elif q_len > 1:
+            step.prefills.append((q0, q0 + q_len, read_index[k0 : k0 + k_len]))
+    if not rows:
         return
-    rows = torch.tensor(decode, device=device)
-    starts = cu_seq_k[:-1][rows].long()
-    lengths = (cu_seq_k[1:] - cu_seq_k[:-1])[rows].long()
-    longest = max(step.cu_k[i + 1] - step.cu_k[i] for i in decode)
+    start = torch.tensor(starts, device=device)
+    length = torch.tensor(lengths, device=device)
+    longest = max(lengths)
     offsets = torch.arange(longest, device=device)
-    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
-    positions = torch.where(valid, starts.unsqueeze(1) + offsets, starts.unsqueeze(1))
+    valid = offsets.unsqueeze(0) < length.unsqueeze(1)
+    positions = torch.where(valid, start.unsqueeze(1) + offsets, start.unsqueeze(1))
     step.slots = read_index[positions].reshape(-1).long()
     step.mask = valid[:, None, None, :]
-    step.lengths = lengths.contiguous()
-    step.decode_rows = cu_seq_q[:-1][rows].long() if q_lens.numel() else rows
+    step.lengths = length
+    step.decode_rows = torch.tensor(rows, device=device)
 
 
 def varlen_sdpa_forward(
@@ -160,7 +179,8 @@ def varlen_sdpa_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             is_causal=is_causal, cache=cache, **kwargs,
         )  # fmt: skip
-    step = _layout(module, cache, kwargs)
+    row_wise = query.dtype == torch.float32 and query.device.type == "cpu" and _decode_kernel() is not None
+    step = _layout(module, cache, kwargs, row_wise)
     groups = getattr(module, "num_key_value_groups", 1)
     backends = sdpa_kernel(_GPU_BACKENDS) if query.device.type == "cuda" else contextlib.nullcontext()
     with backends:
