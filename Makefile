@@ -17,7 +17,7 @@ DEMO_DIR ?= .demo
 
 # setup.py builds LMI-Dist's C library (src/lmforge/engines/lmi_dist/lora_kernel.c) into src/ with a C
 # compiler when there is one
-$(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c src/lmforge/engines/lmi_dist/int8_kernel.c src/lmforge/engines/lmi_dist/attention_kernel.c
+$(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c src/lmforge/engines/lmi_dist/int8_kernel.c src/lmforge/engines/lmi_dist/int4_kernel.c src/lmforge/engines/lmi_dist/attention_kernel.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c src
 install: $(STAMP)
 
 # the demo's set alone (where `make install` ran, its stamp is already there)
-$(DEMO_STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c src/lmforge/engines/lmi_dist/int8_kernel.c src/lmforge/engines/lmi_dist/attention_kernel.c
+$(DEMO_STAMP): pyproject.toml setup.py src/lmforge/engines/lmi_dist/lora_kernel.c src/lmforge/engines/lmi_dist/int8_kernel.c src/lmforge/engines/lmi_dist/int4_kernel.c src/lmforge/engines/lmi_dist/attention_kernel.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[$(DEMO_EXTRAS)]'

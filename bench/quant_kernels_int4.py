@@ -14,6 +14,9 @@ size that divides SmolLM2's 576 and 1536 input widths), activations float32. The
   group and output channel), float32 activations;
 * ``int4pack bf16``: the same kernel with the activations cast to bfloat16 and back (its bf16 path
   uses AVX512-BF16 / AMX where the CPU has them);
+* ``int4 lmforge``: lmforge's own W4A16 kernel (``engines/lmi_dist/int4_kernel.c``: the same packed
+  int4 values unpacked in registers, bfloat16 input, vdpbf16ps products, float32 sums and output),
+  where the CPU has AVX-512 BF16;
 * ``int4 unpack + F.linear``: the int4 values unpacked and scaled to float32 at each call, then
   ``F.linear`` (what a loader without an int4 kernel would do per step).
 
@@ -45,10 +48,12 @@ WAYS = (
     "int8 W8A8 (served)",
     "int4pack fp32",
     "int4pack bf16",
+    "int4 lmforge",
     "int4 unpack + F.linear",
 )
-#: the way LMI-Dist's GPTQ layers use (lmforge.engines.lmi_dist.cpu_linear.Int4Weight)
-CHOSEN = "int4pack bf16"
+#: the ways LMI-Dist's GPTQ layers use (lmforge.engines.lmi_dist.cpu_linear.Int4Weight): its own
+#: kernel where it runs, else PyTorch's with bfloat16 activations
+CHOSEN, FALLBACK = "int4 lmforge", "int4pack bf16"
 
 
 def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]], dict[str, Any]]:
@@ -67,7 +72,8 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
     packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
     int8 = Int8Weight(*rtn_int8(w))
     int4 = Int4Weight(q, scale, GROUP, dtype=torch.float32)
-    int4_bf16 = Int4Weight(q, scale, GROUP, dtype=torch.bfloat16)
+    int4_bf16 = Int4Weight(q, scale, GROUP, dtype=torch.bfloat16, own_kernel=False)
+    int4_own = Int4Weight(q, scale, GROUP)
     nibbles = (q + 8).to(torch.uint8).view(n, k // 2, 2)
     nibbles = (nibbles[..., 0] | (nibbles[..., 1] << 4)).contiguous()
 
@@ -82,6 +88,7 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
         "int8 W8A8 (served)": int8,
         "int4pack fp32": int4,
         "int4pack bf16": int4_bf16,
+        "int4 lmforge": int4_own,
         "int4 unpack + F.linear": unpack,
     }, {way: deq for way in WAYS if way.startswith("int4")}
 
@@ -89,8 +96,15 @@ def _ways(torch: Any, w: Any, rows: int) -> tuple[dict[str, Callable[[Any], Any]
 def measure(rounds: int) -> list[dict[str, Any]]:
     import torch
 
+    from lmforge.engines.lmi_dist import int4_kernel
+
     torch.backends.quantized.engine = "x86"  # the W8A8 reference way's fbgemm
-    return measure_ways(rounds, WAYS, _ways)
+    return measure_ways(rounds, _present(int4_kernel.kernel() is not None), _ways)
+
+
+def _present(own: bool) -> tuple[str, ...]:
+    """The ways measured: lmforge's int4 kernel only where it runs."""
+    return WAYS if own else tuple(w for w in WAYS if w != "int4 lmforge")
 
 
 def main() -> int:
@@ -98,6 +112,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     from lmforge.bench.results import machine, versions
+    from lmforge.engines.lmi_dist import int4_kernel
 
     started = time.monotonic()
     rows = measure(args.rounds)
@@ -112,7 +127,7 @@ def main() -> int:
             "rounds": args.rounds,
             "stream_bytes": STREAM_BYTES,
         },
-        "chosen": CHOSEN,
+        "chosen": CHOSEN if int4_kernel.kernel() is not None else FALLBACK,
         "rows": rows,
         "machine": machine(),
         "versions": versions(),
@@ -123,7 +138,7 @@ def main() -> int:
 
 
 def report(result: dict[str, Any]) -> str:
-    rows_table, error_text = table(result, WAYS, ".1e")
+    rows_table, error_text = table(result, _present("int4 lmforge" in result["rows"][0]), ".1e")
     notes = f"\n{result['notes']}\n" if result.get("notes") else ""
     return f"""## Int4 weight-only linear kernels on this CPU (`bench/quant_kernels_int4.py`)
 
@@ -131,8 +146,9 @@ SmolLM2-135M's matrix shapes, random weights, int4 in groups of {result["setting
 thread; microseconds per call (speed-up over fp32 `F.linear`), fastest of {result["settings"]["rounds"]}
 interleaved rounds. † = row 0 alone is not bit-equal to row 0 in the batch. Largest error (int4 ways:
 against the float32 product with the dequantized weight; the others against fp32): {error_text}.
-Chosen for LMI-Dist's GPTQ layers: **{result["chosen"]}** (the only int4 way not slower than fp32; its
-float32 path is a slow fallback here). Result: `bench/results/{result["name"]}.json`.
+Chosen for LMI-Dist's GPTQ layers: **{result["chosen"]}** (lmforge's own where the CPU has AVX-512
+BF16, else PyTorch's int4 kernel with bfloat16 activations; the latter's float32 path is a slow
+fallback). Result: `bench/results/{result["name"]}.json`.
 
 {rows_table}
 {notes}"""

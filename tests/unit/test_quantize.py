@@ -609,3 +609,35 @@ def test_a_quantized_folder_is_readable_by_other_users(tmp_path: Path, tiny_mode
     for path in [out, *out.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o044 == 0o044 if path.is_file() else mode & 0o055 == 0o055, (path, oct(mode))
+
+
+def test_lmforges_int4_kernel_equals_a_float64_product_and_each_row_is_its_own() -> None:
+    """lmforge's W4A16 kernel (int4_kernel.c, AVX-512 BF16) against a float64 product of the same
+    bfloat16-rounded input and the dequantized weight, for channel counts that are and are not a
+    multiple of 16, every group size it takes, a bias and strided input rows; each row's output has
+    the same bits alone as in the batch, and shapes outside its layout are refused."""
+    import torch
+
+    from lmforge.engines.lmi_dist import int4_kernel
+
+    kernel = int4_kernel.kernel()
+    if kernel is None:
+        pytest.skip("lmforge's int4 kernel does not run here (no AVX-512 BF16, or not built)")
+    torch.manual_seed(5)
+    for n, k, group in [(40, 64, 32), (96, 256, 128), (16, 512, 256), (33, 192, 64)]:
+        q = torch.randint(-8, 8, (n, k), dtype=torch.int8)
+        scale = torch.rand(n, k // group) * 0.02 + 1e-3
+        packed = kernel.pack(q, scale, group)
+        deq = (q.double().view(n, -1, group) * scale.double()[..., None]).view(n, k)
+        wide = torch.randn(19, 2 * k) * 3
+        x = wide[:, :k]  # row stride 2k
+        bias = torch.randn(n)
+        y = packed(x, bias)
+        ref = x.to(torch.bfloat16).double() @ deq.t() + bias.double()
+        assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6, (n, k, group)
+        for i in range(19):
+            assert torch.equal(packed(x[i : i + 1].contiguous(), bias)[0], y[i]), f"{n}x{k}: row {i} alone"
+    with pytest.raises(ValueError, match="in groups of"):
+        kernel.pack(torch.zeros(16, 48, dtype=torch.int8), torch.ones(16, 1), 48)
+    with pytest.raises(ValueError, match=r"outside -8\.\.7"):
+        kernel.pack(torch.full((16, 64), 9, dtype=torch.int8), torch.ones(16, 2), 32)

@@ -336,6 +336,12 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
 # scales, output) costs ~0.3 % of a layer's output, a third of the W8A8 kernel's. A row's output has
 # the same bits alone and in a batch (measured), so a request's answer does not depend on its crowd.
 #
+# That kernel runs about as fast as float32 at 32 rows, so where the CPU has AVX-512 BF16 the layers run
+# on lmforge's own instead (int4_kernel.c: the int4 weight unpacked in registers, vdpbf16ps products
+# with float32 sums, a float32 output; the same bfloat16 rounding of the input). On an AMD EPYC with
+# AVX-512 (2026-12-04, one thread, SmolLM2-135M's shapes, bench/quant_kernels_int4.py) it was
+# 3-4x float32 at 8 and 32 rows and 6x on the LM head at one row.
+#
 # Private PyTorch API (a reach-in): torch.ops.aten._convert_weight_to_int4pack_for_cpu and
 # _weight_int4pack_mm_for_cpu, tested with torch 2.13.0.
 
@@ -343,28 +349,56 @@ _INT4 = "_lmforge_int4"
 
 
 class Int4Weight:
-    """A linear layer's int4 weight packed for PyTorch's CPU int4 kernel, and its call."""
+    """A linear layer's int4 weight, packed once for the kernel :func:`.int4_kernel.kernel` chose
+    (lmforge's own, with bfloat16 activations, where the CPU has AVX-512 BF16 and the layout fits;
+    else PyTorch's CPU int4 kernel), and its call."""
 
     def __init__(
-        self, q: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        group_size: int,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        own_kernel: bool = True,
     ) -> None:
+        """``own_kernel=False`` keeps PyTorch's kernel where lmforge's would run (the benchmark of the
+        kernels compares the two)."""
+        from lmforge.engines.lmi_dist import int4_kernel
+
         out_features, in_features = q.shape
         if in_features % group_size:
             raise ValueError(f"in_features {in_features} is not a multiple of the group size {group_size}")
+        self.in_features = in_features
+        self.out_features = out_features
+        # float32 activations: PyTorch's exact (slow) path
+        own = int4_kernel.kernel() if own_kernel and dtype == torch.bfloat16 else None
+        fits = own is not None and own.fits(out_features, in_features, group_size)
+        self.own = own.pack(q, scale, group_size) if own is not None and fits else None
+        if self.own is not None:
+            self.nbytes = self.own.nbytes
+            return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             (q.to(torch.int32) + 8).contiguous(), 1
         )
         scale = scale.reshape(out_features, in_features // group_size).to(dtype)
         self.scales_and_zeros = torch.stack((scale.t(), torch.zeros_like(scale.t())), -1).contiguous()
         self.group_size = group_size
-        self.in_features = in_features
-        self.out_features = out_features
         self.dtype = dtype
         self.nbytes = self.packed.numel() * self.packed.element_size() + scale.numel() * scale.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, self.in_features)
+        if self.own is not None:
+            if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+                rows = rows.float().contiguous()
+            if bias is not None and (
+                not bias.numel() or bias.dtype != torch.float32 or not bias.is_contiguous()
+            ):
+                bias = bias.float().contiguous() if bias.numel() else None
+            y = self.own(rows, bias).view(*shape[:-1], self.out_features)
+            return y if x.dtype == torch.float32 else y.to(x.dtype)
         if rows.dtype != self.dtype:
             rows = rows.to(self.dtype)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

@@ -1,0 +1,171 @@
+/* LMI-Dist's W4A16 linear layer on AMX tiles: int4 weights (symmetric, one float32 scale per group of
+ * input channels and output channel, as compressed-tensors' W4A16 / GPTQ scheme declares them) times
+ * activations rounded to bfloat16, with float32 sums (tdpbf16ps).
+ *
+ * Built into the same shared library as lora_kernel.c (setup.py); lmforge.engines.lmi_dist.int4_kernel
+ * loads it with ctypes.
+ *
+ * Why: PyTorch's CPU int4 kernel (_weight_int4pack_mm_for_cpu with bfloat16 activations) runs about as
+ * fast as float32 at 32 rows (bench/results/quant-kernels-int4.json), so a GPTQ model gained nothing
+ * under load. Here a block of 16 output channels x 32 inputs is 256 bytes of the packed weight,
+ * unpacked in registers (two nibbles a byte, each looked up as the bfloat16 of q) into one AMX tile,
+ * which every 16 rows of the batch then multiply: the weight is read from memory once per call, and
+ * the products run at AMX's rate.
+ *
+ * Numbers: q (-8..7) is exact in bfloat16; the activations are rounded to bfloat16 (round to nearest
+ * even), as PyTorch's kernel rounds them; a group's products are summed in float32 by tdpbf16ps, and
+ * y = sum over groups, in order, of (group sum * scale), one float32 fused multiply-add each (the first
+ * one a product), then + bias. The output stays float32 (PyTorch's kernel rounds it to bfloat16).
+ *
+ * Batch-invariant: a row's output is made from that row's input, the weight and nothing else, by the
+ * same sequence of operations whatever the other rows are (tdpbf16ps computes each output element of
+ * a tile on its own; the rows of a batch are only cut into tiles of 16).
+ *
+ * Packed layout of an n x k weight (k a multiple of 32, n padded to a multiple of 16 with zero
+ * channels): for each block of 16 channels, for each 32 inputs (a tile), 8 runs of 32 bytes; byte j of
+ * run p holds the values (q + 8) of tile rows 2p (low nibble) and 2p + 1 (high nibble) at word j, where
+ * tile row r, word j is channel j / 2 of the block at input 32 t + 2 r + j % 2 (the pairs tdpbf16ps
+ * takes).
+ */
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LMFORGE_X86 1
+#endif
+
+#define BLOCK 16 /* output channels per tile */
+#define KT 32    /* inputs per tile */
+
+static int64_t padded_n(int64_t n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
+
+int64_t lmforge_int4_packed_bytes(int64_t n, int64_t k) { return padded_n(n) * k / 2; }
+
+/* Pack q (n x k int8 holding -8..7, row stride k; k a multiple of 32) into `packed`
+ * (lmforge_int4_packed_bytes(n, k) bytes); 0 where it is not the layout's (k not a multiple of 32). */
+int lmforge_int4_pack(const int8_t *q, int64_t n, int64_t k, uint8_t *packed) {
+  if (k % KT) return 0;
+  const int64_t np = padded_n(n), tiles = k / KT;
+  for (int64_t b = 0; b < np / BLOCK; b++)
+    for (int64_t t = 0; t < tiles; t++) {
+      uint8_t *out = packed + (b * tiles + t) * 256;
+      for (int p = 0; p < 8; p++)
+        for (int j = 0; j < 32; j++) {
+          const int64_t c = b * BLOCK + j / 2;
+          uint8_t lo = 8, hi = 8; /* 0 in the padding channels */
+          if (c < n) {
+            lo = (uint8_t)(q[c * k + t * KT + 2 * (2 * p) + j % 2] + 8);
+            hi = (uint8_t)(q[c * k + t * KT + 2 * (2 * p + 1) + j % 2] + 8);
+          }
+          out[p * 32 + j] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+        }
+    }
+  return 1;
+}
+
+/* bytes of the bfloat16 row scratch lmforge_int4_linear needs for `rows` rows of k inputs */
+int64_t lmforge_int4_scratch_bytes(int64_t rows, int64_t k) { return (rows + 7) / 8 * 8 * k * 2; }
+
+#ifdef LMFORGE_X86
+#define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+#define R 8 /* rows per pass over a block of channels: 8 accumulators, one unpacked weight vector */
+
+static int forced_off = 0;
+
+/* 1 where this CPU runs lmforge_int4_linear (AVX-512 BF16), else 0 */
+int lmforge_int4_usable(void) {
+  return !forced_off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512bf16");
+}
+
+void lmforge_int4_force_off(int off) { forced_off = off; }
+
+/* rows x k float32 (row stride x_stride) to bfloat16 (row stride k), rows padded to R with zeros */
+BF16 static void to_bf16(const float *x, int64_t rows, int64_t k, int64_t x_stride, uint16_t *xb) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *row = x + r * x_stride;
+    uint16_t *out = xb + r * k;
+    for (int64_t i = 0; i < k; i += 32) {
+      __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + i + 16), _mm512_loadu_ps(row + i));
+      _mm512_storeu_si512((void *)(out + i), (__m512i)two);
+    }
+  }
+  const int64_t padded = (rows + R - 1) / R * R;
+  memset(xb + rows * k, 0, (size_t)((padded - rows) * k * 2));
+}
+
+/* y (rows x n, contiguous) = x (rows x k, row stride x_stride) times the packed int4 weight, scaled
+ * per group: scale_t is groups x padded n float32 (scale_t[g * np + c]); group a multiple of 32 that
+ * divides k; xb is scratch of lmforge_int4_scratch_bytes(rows, k) bytes the caller owns.
+ *
+ * Each 32 bytes of the packed weight unpack (nibble -> bfloat16 of q - 8 by a 16-entry lookup) into
+ * two vectors of 16 channels x one input pair, which vdpbf16ps multiplies with that pair of each of R
+ * rows (broadcast) into the rows' accumulators. */
+BF16 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x_stride, const uint8_t *packed,
+                              const float *scale_t, int64_t group, const float *bias, int64_t n, float *y,
+                              uint16_t *xb) {
+  const int64_t np = padded_n(n), tiles = k / KT, per_group = group / KT, groups = k / group;
+  to_bf16(x, rows, k, x_stride, xb);
+  uint16_t table[32];
+  for (int i = 0; i < 32; i++) {
+    const float v = (float)((i & 15) - 8);
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    table[i] = (uint16_t)(bits >> 16); /* exact: a small integer */
+  }
+  const __m512i lut = _mm512_loadu_si512((const void *)table), low = _mm512_set1_epi16(15);
+  const uint32_t *xw = (const uint32_t *)xb; /* input pairs: row r, pair i at xw[r * k / 2 + i] */
+  const int64_t pairs_per_row = k / 2;
+  for (int64_t b = 0; b < np / BLOCK; b++) {
+    const int64_t c0 = b * BLOCK, width = n - c0 < BLOCK ? n - c0 : BLOCK;
+    const __mmask16 keep = (__mmask16)((1u << width) - 1);
+    for (int64_t g = 0; g < groups; g++) {
+      const uint8_t *wg = packed + (b * tiles + g * per_group) * 256;
+      const __m512 s = _mm512_maskz_loadu_ps(keep, scale_t + g * np + c0);
+      for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        __m512 acc[R];
+        for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+        const uint32_t *xr = xw + r0 * pairs_per_row + g * group / 2;
+        for (int64_t t = 0; t < per_group; t++) {
+          const uint8_t *src = wg + t * 256;
+          for (int p = 0; p < 8; p++) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + p * 32)));
+            const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(w, low), lut);
+            const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
+            const int64_t at = t * 16 + 2 * p; /* the input pair of `lo`; `hi` is the next one */
+            for (int i = 0; i < R; i++) {
+              const uint32_t *row = xr + i * pairs_per_row + at;
+              acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[0]), lo);
+              acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[1]), hi);
+            }
+          }
+        }
+        const int64_t rn = rows - r0 < R ? rows - r0 : R;
+        for (int64_t i = 0; i < rn; i++) {
+          float *out = y + (r0 + i) * n + c0;
+          const __m512 v = g == 0 ? _mm512_mul_ps(acc[i], s) : _mm512_fmadd_ps(acc[i], s, _mm512_maskz_loadu_ps(keep, out));
+          _mm512_mask_storeu_ps(out, keep, v);
+        }
+      }
+    }
+    if (bias != NULL) {
+      const __m512 bv = _mm512_maskz_loadu_ps(keep, bias + c0);
+      for (int64_t r = 0; r < rows; r++) {
+        float *out = y + r * n + c0;
+        _mm512_mask_storeu_ps(out, keep, _mm512_add_ps(_mm512_maskz_loadu_ps(keep, out), bv));
+      }
+    }
+  }
+}
+#else
+int lmforge_int4_usable(void) { return 0; }
+void lmforge_int4_force_off(int off) { (void)off; }
+void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x_stride, const uint8_t *packed,
+                         const float *scale_t, int64_t group, const float *bias, int64_t n, float *y,
+                         uint16_t *xb) {
+  (void)x, (void)rows, (void)k, (void)x_stride, (void)packed, (void)scale_t, (void)group, (void)bias;
+  (void)n, (void)y, (void)xb;
+}
+#endif
