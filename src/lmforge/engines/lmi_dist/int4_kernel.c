@@ -66,7 +66,7 @@ int lmforge_int4_pack(const int8_t *q, int64_t n, int64_t k, uint8_t *packed) {
 }
 
 /* bytes of the bfloat16 row scratch lmforge_int4_linear needs for `rows` rows of k inputs */
-int64_t lmforge_int4_scratch_bytes(int64_t rows, int64_t k) { return (rows + 7) / 8 * 8 * k * 2; }
+int64_t lmforge_int4_scratch_bytes(int64_t rows, int64_t k) { return rows * k * 2; }
 
 #ifdef LMFORGE_X86
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
@@ -82,7 +82,7 @@ int lmforge_int4_usable(void) {
 
 void lmforge_int4_force_off(int off) { forced_off = off; }
 
-/* rows x k float32 (row stride x_stride) to bfloat16 (row stride k), rows padded to R with zeros */
+/* rows x k float32 (row stride x_stride) to bfloat16 (row stride k) */
 BF16 static void to_bf16(const float *x, int64_t rows, int64_t k, int64_t x_stride, uint16_t *xb) {
   for (int64_t r = 0; r < rows; r++) {
     const float *row = x + r * x_stride;
@@ -92,17 +92,44 @@ BF16 static void to_bf16(const float *x, int64_t rows, int64_t k, int64_t x_stri
       _mm512_storeu_si512((void *)(out + i), (__m512i)two);
     }
   }
-  const int64_t padded = (rows + R - 1) / R * R;
-  memset(xb + rows * k, 0, (size_t)((padded - rows) * k * 2));
+}
+
+/* `nr` (1..R, a constant where it is inlined) rows' sums over one group of one block of 16 channels:
+ * each 32 bytes of the packed weight unpack (nibble -> bfloat16 of q - 8 by a 16-entry lookup) into two
+ * vectors of 16 channels x one input pair, which vdpbf16ps multiplies with that pair of each row
+ * (broadcast) into the row's accumulator; then out += sum * scale (the first group: out = sum * scale).
+ * A row's operations are the same whatever nr is. */
+BF16 static inline __attribute__((always_inline)) void group_rows(
+    const int nr, const uint32_t *xr, int64_t pairs_per_row, const uint8_t *wg, int64_t per_group, __m512i lut,
+    __m512 s, int first, float *out, int64_t n, __mmask16 keep) {
+  const __m512i low = _mm512_set1_epi16(15);
+  __m512 acc[R];
+  for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < per_group; t++) {
+    const uint8_t *src = wg + t * 256;
+    for (int p = 0; p < 8; p++) {
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + p * 32)));
+      const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(w, low), lut);
+      const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
+      const int64_t at = t * 16 + 2 * p; /* the input pair of `lo`; `hi` is the next one */
+      for (int i = 0; i < nr; i++) {
+        const uint32_t *row = xr + i * pairs_per_row + at;
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[0]), lo);
+        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[1]), hi);
+      }
+    }
+  }
+  for (int i = 0; i < nr; i++) {
+    float *o = out + i * n;
+    const __m512 v = first ? _mm512_mul_ps(acc[i], s) : _mm512_fmadd_ps(acc[i], s, _mm512_maskz_loadu_ps(keep, o));
+    _mm512_mask_storeu_ps(o, keep, v);
+  }
 }
 
 /* y (rows x n, contiguous) = x (rows x k, row stride x_stride) times the packed int4 weight, scaled
  * per group: scale_t is groups x padded n float32 (scale_t[g * np + c]); group a multiple of 32 that
- * divides k; xb is scratch of lmforge_int4_scratch_bytes(rows, k) bytes the caller owns.
- *
- * Each 32 bytes of the packed weight unpack (nibble -> bfloat16 of q - 8 by a 16-entry lookup) into
- * two vectors of 16 channels x one input pair, which vdpbf16ps multiplies with that pair of each of R
- * rows (broadcast) into the rows' accumulators. */
+ * divides k; xb is scratch of lmforge_int4_scratch_bytes(rows, k) bytes the caller owns. Rows go R at
+ * a time, the rest 4, 2 and 1 at a time. */
 BF16 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x_stride, const uint8_t *packed,
                               const float *scale_t, int64_t group, const float *bias, int64_t n, float *y,
                               uint16_t *xb) {
@@ -115,40 +142,29 @@ BF16 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x
     memcpy(&bits, &v, 4);
     table[i] = (uint16_t)(bits >> 16); /* exact: a small integer */
   }
-  const __m512i lut = _mm512_loadu_si512((const void *)table), low = _mm512_set1_epi16(15);
+  const __m512i lut = _mm512_loadu_si512((const void *)table);
   const uint32_t *xw = (const uint32_t *)xb; /* input pairs: row r, pair i at xw[r * k / 2 + i] */
-  const int64_t pairs_per_row = k / 2;
+  const int64_t ppr = k / 2;
   for (int64_t b = 0; b < np / BLOCK; b++) {
     const int64_t c0 = b * BLOCK, width = n - c0 < BLOCK ? n - c0 : BLOCK;
     const __mmask16 keep = (__mmask16)((1u << width) - 1);
     for (int64_t g = 0; g < groups; g++) {
       const uint8_t *wg = packed + (b * tiles + g * per_group) * 256;
       const __m512 s = _mm512_maskz_loadu_ps(keep, scale_t + g * np + c0);
-      for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        __m512 acc[R];
-        for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
-        const uint32_t *xr = xw + r0 * pairs_per_row + g * group / 2;
-        for (int64_t t = 0; t < per_group; t++) {
-          const uint8_t *src = wg + t * 256;
-          for (int p = 0; p < 8; p++) {
-            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + p * 32)));
-            const __m512bh lo = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(w, low), lut);
-            const __m512bh hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), lut);
-            const int64_t at = t * 16 + 2 * p; /* the input pair of `lo`; `hi` is the next one */
-            for (int i = 0; i < R; i++) {
-              const uint32_t *row = xr + i * pairs_per_row + at;
-              acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[0]), lo);
-              acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)row[1]), hi);
-            }
-          }
-        }
-        const int64_t rn = rows - r0 < R ? rows - r0 : R;
-        for (int64_t i = 0; i < rn; i++) {
-          float *out = y + (r0 + i) * n + c0;
-          const __m512 v = g == 0 ? _mm512_mul_ps(acc[i], s) : _mm512_fmadd_ps(acc[i], s, _mm512_maskz_loadu_ps(keep, out));
-          _mm512_mask_storeu_ps(out, keep, v);
-        }
+      const uint32_t *xg = xw + g * group / 2;
+      float *yg = y + c0;
+      int64_t r0 = 0;
+      for (; r0 + R <= rows; r0 += R)
+        group_rows(R, xg + r0 * ppr, ppr, wg, per_group, lut, s, g == 0, yg + r0 * n, n, keep);
+      if (rows - r0 >= 4) {
+        group_rows(4, xg + r0 * ppr, ppr, wg, per_group, lut, s, g == 0, yg + r0 * n, n, keep);
+        r0 += 4;
       }
+      if (rows - r0 >= 2) {
+        group_rows(2, xg + r0 * ppr, ppr, wg, per_group, lut, s, g == 0, yg + r0 * n, n, keep);
+        r0 += 2;
+      }
+      if (rows - r0 >= 1) group_rows(1, xg + r0 * ppr, ppr, wg, per_group, lut, s, g == 0, yg + r0 * n, n, keep);
     }
     if (bias != NULL) {
       const __m512 bv = _mm512_maskz_loadu_ps(keep, bias + c0);

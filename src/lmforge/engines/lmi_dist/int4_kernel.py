@@ -68,10 +68,10 @@ class Kernel:
         return PackedInt4(self, q, scale, group)
 
     def scratch(self, rows: int, k: int) -> torch.Tensor:
-        """This thread's bfloat16 row buffer for rows x k (rows padded to 16), grown to the largest
+        """This thread's bfloat16 row buffer for rows x k, grown to the largest
         call seen; a call uses it before the thread's next call."""
         found: torch.Tensor | None = getattr(self._local, "buffer", None)
-        need = (rows + 7) // 8 * 8 * k * 2  # lmforge_int4_scratch_bytes
+        need = rows * k * 2  # lmforge_int4_scratch_bytes
         if found is None or found.numel() < need:
             found = self._local.buffer = torch.empty(
                 max(need, 2 * found.numel() if found is not None else 1 << 16), dtype=torch.uint8
