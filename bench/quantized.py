@@ -59,10 +59,11 @@ def _peak_rss(server: Any, module: str) -> int | None:
     return None
 
 
-def _int8_kernel(server: Any) -> str:
-    """The W8A8 kernel the engine core logged at load (lmforge's own or fbgemm, and why)."""
+def _kernel(server: Any, scheme: str = "W8A8") -> str:
+    """The ``scheme`` (W8A8, W4A16) kernel the engine core logged at load (lmforge's own or the
+    library's, and why)."""
     log = Path(server.log_path).read_text(errors="replace")
-    found = re.search(r"lmi-dist: W8A8 products on (.+)", log)
+    found = re.search(rf"lmi-dist: {scheme} products on (.+)", log)
     return found.group(1).strip() if found else "not logged"
 
 
@@ -268,7 +269,8 @@ def main() -> int:
                 k: _peak_rss(s, "lmforge.engines.lmi_dist.core") if k.startswith("lmi-dist") else None
                 for k, s in servers.items()
             }
-            int8_kernel = _int8_kernel(servers["lmi-dist w8a8"])
+            int8_kernel = _kernel(servers["lmi-dist w8a8"])
+            int4_kernel = _kernel(servers["lmi-dist gptq"], "W4A16") if "lmi-dist gptq" in servers else None
         weights = {k: _weight_bytes(d) for k, d in dirs.items()}
         measured_accuracy = accuracy(fp32, tmp) if args.accuracy else None
     rows = [summarize(c, runs[c]) for c in CONCURRENCIES]
@@ -292,6 +294,7 @@ def main() -> int:
             "vllm_properties": properties(args.model).strip().splitlines(),
             "vllm_w8a8_dtype": vllm_w8a8_dtype,
             "int8_kernel": int8_kernel,
+            **({"int4_kernel": int4_kernel} if int4_kernel else {}),
         },
         "rows": rows,
         "weight_bytes": weights,
@@ -403,11 +406,13 @@ def report(result: dict[str, Any]) -> str:
             + "\n"
         )
     if "lmi-dist gptq" in wb:
+        int4_kernel = s.get("int4_kernel", "PyTorch's int4 kernel")
         notes += (
             f"\nGPTQ (`lmforge compile --quantize gptq`, {result.get('gptq_compile_s', 0):.0f} s with the "
             f"calibration pass): weights {wb['lmi-dist gptq'] / 2**20:.0f} MiB "
             f"(**{wb['lmi-dist gptq'] / wb['lmi-dist fp32']:.2f}x** fp32; int4 in groups of 64, the LM head "
-            "float32 and tied to the embedding), on torch's int4 kernel with bf16 activations.\n"
+            f"float32 and tied to the embedding), on {int4_kernel} (bfloat16 "
+            "activations; `bench/quant_kernels_int4.py`).\n"
         )
     rss = ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in result["peak_rss_bytes"].items() if v)
     if result.get("accuracy"):

@@ -85,6 +85,7 @@ def test_draft_speculation_gives_the_same_events_as_without(
     )
     if which == "whole":  # the target as its own draft: its greedy drafts are (nearly) all accepted
         assert accepted > 0.5 * proposed, metrics
+        assert metrics["speculative_paused_steps_total"] == 0  # nothing to pause the proposer for
     else:  # a draft that is often wrong: rejected drafts were rolled back, and the answers still equal
         assert accepted < proposed, metrics
 

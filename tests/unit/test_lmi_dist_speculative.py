@@ -39,3 +39,48 @@ def test_prompt_lookup_min_is_respected() -> None:
     tokens = _a(1, 2, 9, 3, 2)  # only a 1-gram (2) matches
     assert propose_ngram(tokens, 2, 2, 3) == []
     assert propose_ngram(tokens, 2, 1, 3) == [9, 3]
+
+
+def test_a_gate_pauses_after_a_window_of_mostly_rejected_drafts_and_backs_off() -> None:
+    """A request's gate: judged once a window of drafts is counted; under a quarter accepted pauses
+    it, doubling while it stays low, up to the cap; a good window ends the back-off."""
+    from lmforge.engines.lmi_dist.speculative import _GATE_PAUSE, _Gate, judge
+
+    gate = _Gate()
+    assert not judge(gate, 4, 0, 8, 64) and gate.pause == 0  # half a window: not judged yet
+    assert judge(gate, 4, 1, 8, 64) and gate.pause == _GATE_PAUSE  # 1 of 8 accepted
+    pauses = []
+    for _ in range(4):
+        gate.pause = 0
+        assert judge(gate, 8, 1, 8, 64)
+        pauses.append(gate.pause)
+    assert pauses == [2 * _GATE_PAUSE, 4 * _GATE_PAUSE, 64, 64]  # doubling, capped
+    gate.pause = 0
+    assert not judge(gate, 8, 2, 8, 64) and gate.pause == 0  # a quarter accepted: fine
+    assert judge(gate, 8, 0, 8, 64) and gate.pause == _GATE_PAUSE  # the back-off starts over
+
+
+def test_the_proposer_pauses_for_everyone_after_four_low_windows_in_a_row_only() -> None:
+    """Four requests' windows in a row judged low (none fine between) pause the proposer for every
+    request, doubling; one request whose drafts pay resets the count and the back-off."""
+    from types import SimpleNamespace
+
+    from lmforge.engines.lmi_dist.speculative import _GATE_PAUSE, Speculator, _Gate
+
+    spec = Speculator.__new__(Speculator)  # the judging state only: no batch processor behind it
+    spec.gates = {f"r{i}": _Gate() for i in range(6)}
+    spec.engine, spec.low_verdicts, spec.window = _Gate(), 0, 8
+    spec.settings = SimpleNamespace(method="draft_model")
+    for rid in ("r0", "r1", "r2"):
+        spec._judge(rid, 8, 0)
+    assert spec.engine.pause == 0  # three low windows: not yet
+    spec._judge("r3", 8, 6)  # one request whose drafts pay
+    spec._judge("r4", 8, 0)
+    assert spec.engine.pause == 0 and spec.low_verdicts == 1
+    for rid in ("r5", "r0", "r1"):
+        spec._judge(rid, 8, 0)
+    assert spec.engine.pause == _GATE_PAUSE and spec.engine.next_pause == 2 * _GATE_PAUSE
+    spec._judge("r2", 4, 0)  # half a window: no verdict
+    assert spec.low_verdicts == 0
+    spec._judge("nobody", 8, 0)  # a request already gone
+    assert spec.low_verdicts == 0

@@ -53,7 +53,7 @@ class CoreProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready: ipc.Ready | None = None
         self.dead: str | None = None
-        self.speculation: tuple[int, int, int, int, int] | None = None
+        self.speculation: ipc.SpeculationCounts | None = None
         """The core's speculative-decoding counters, as its latest :class:`.ipc.Outputs` gave them."""
         self._folder = ipc.socket_folder()
         self._context: Any = None

@@ -339,8 +339,9 @@ def quantize_int8(model: torch.nn.Module, rtn: Any, *, checkpoint: bool = False)
 # That kernel runs about as fast as float32 at 32 rows, so where the CPU has AVX-512 BF16 the layers run
 # on lmforge's own instead (int4_kernel.c: the int4 weight unpacked in registers, vdpbf16ps products
 # with float32 sums, a float32 output; the same bfloat16 rounding of the input). On an AMD EPYC with
-# AVX-512 (2026-12-04, one thread, SmolLM2-135M's shapes, bench/quant_kernels_int4.py) it was
-# 3-4x float32 at 8 and 32 rows and 6x on the LM head at one row.
+# AVX-512 (2026-12-04, one thread, SmolLM2-135M's shapes, weights streamed; bench/quant_kernels_int4.py)
+# it was 1.8-2.0x PyTorch's kernel at 32 rows and 1.0-1.9x at one row (over oneDNN's prepacked float32:
+# 1.7-1.9x and 3.9-6.9x), with half its error (a float32 output, float32 scales).
 #
 # Private PyTorch API (a reach-in): torch.ops.aten._convert_weight_to_int4pack_for_cpu and
 # _weight_int4pack_mm_for_cpu, tested with torch 2.13.0.

@@ -344,13 +344,14 @@ class _Installer:
         await self.core.call(ipc.Method.FORGET, adapter_id=adapter_id)
 
 
-def speculation_metrics(counts: tuple[int, int, int, int, int] | None, proposer: str) -> dict[str, float]:
+def speculation_metrics(counts: ipc.SpeculationCounts | None, proposer: str) -> dict[str, float]:
     """``/metrics`` of speculative decoding: draft tokens proposed and accepted, tokens emitted by
     speculating steps, request-steps that speculated, steps too large to, and the mean tokens a
-    speculating step emitted per request (accepted drafts + 1): the engine's (``speculative_*``) and
+    speculating step emitted per request (accepted drafts + 1), and steps paused because the
+    proposer's drafts were mostly rejected lately: the engine's (``speculative_*``) and
     the same per proposer (``speculative_proposer_*{proposer="ngram"|"draft_model"}``; an engine has
     one, so its series equal the engine's: a family of their own, never summed twice)."""
-    proposed, accepted, emitted, steps, skipped = counts or (0, 0, 0, 0, 0)
+    proposed, accepted, emitted, steps, skipped, paused = counts or (0, 0, 0, 0, 0, 0)
     values = {
         "proposed_tokens_total": float(proposed),
         "accepted_tokens_total": float(accepted),
@@ -362,5 +363,6 @@ def speculation_metrics(counts: tuple[int, int, int, int, int] | None, proposer:
     return {
         **{f"speculative_{key}": value for key, value in values.items()},
         "speculative_skipped_batch_steps_total": float(skipped),
+        "speculative_paused_steps_total": float(paused),
         **{f"speculative_proposer_{key}{label}": value for key, value in values.items()},
     }

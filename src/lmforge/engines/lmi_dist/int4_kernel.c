@@ -1,31 +1,32 @@
-/* LMI-Dist's W4A16 linear layer on AMX tiles: int4 weights (symmetric, one float32 scale per group of
- * input channels and output channel, as compressed-tensors' W4A16 / GPTQ scheme declares them) times
- * activations rounded to bfloat16, with float32 sums (tdpbf16ps).
+/* LMI-Dist's W4A16 linear layer on AVX-512 BF16: int4 weights (symmetric, one float32 scale per group
+ * of input channels and output channel, as compressed-tensors' W4A16 / GPTQ scheme declares them)
+ * times activations rounded to bfloat16, with float32 sums (vdpbf16ps).
  *
  * Built into the same shared library as lora_kernel.c (setup.py); lmforge.engines.lmi_dist.int4_kernel
  * loads it with ctypes.
  *
  * Why: PyTorch's CPU int4 kernel (_weight_int4pack_mm_for_cpu with bfloat16 activations) runs about as
- * fast as float32 at 32 rows (bench/results/quant-kernels-int4.json), so a GPTQ model gained nothing
- * under load. Here a block of 16 output channels x 32 inputs is 256 bytes of the packed weight,
- * unpacked in registers (two nibbles a byte, each looked up as the bfloat16 of q) into one AMX tile,
- * which every 16 rows of the batch then multiply: the weight is read from memory once per call, and
- * the products run at AMX's rate.
+ * fast as float32 at 32 rows (bench/results/quant-kernels-int4.json), so a GPTQ model gained little
+ * under load. Here 16 output channels x 32 inputs are 256 bytes of the packed weight, unpacked in
+ * registers (two nibbles a byte, each looked up as the bfloat16 of q - 8) and multiplied with up to 8
+ * rows of the batch per pass: the weight is read from memory once per call and unpacked once per 8
+ * rows.
  *
  * Numbers: q (-8..7) is exact in bfloat16; the activations are rounded to bfloat16 (round to nearest
- * even), as PyTorch's kernel rounds them; a group's products are summed in float32 by tdpbf16ps, and
- * y = sum over groups, in order, of (group sum * scale), one float32 fused multiply-add each (the first
- * one a product), then + bias. The output stays float32 (PyTorch's kernel rounds it to bfloat16).
+ * even), as PyTorch's kernel rounds them; a group's products are summed in float32 by vdpbf16ps (pairs
+ * of products, the input pairs in order), and y = sum over groups, in order, of (group sum * scale),
+ * one float32 fused multiply-add each (the first one a product), then + bias. The output stays float32
+ * (PyTorch's kernel rounds it to bfloat16).
  *
  * Batch-invariant: a row's output is made from that row's input, the weight and nothing else, by the
- * same sequence of operations whatever the other rows are (tdpbf16ps computes each output element of
- * a tile on its own; the rows of a batch are only cut into tiles of 16).
+ * same sequence of operations whatever the other rows are (each row has its own accumulators; the rows
+ * of a batch are only cut into passes of 8, 4, 2 and 1).
  *
  * Packed layout of an n x k weight (k a multiple of 32, n padded to a multiple of 16 with zero
- * channels): for each block of 16 channels, for each 32 inputs (a tile), 8 runs of 32 bytes; byte j of
- * run p holds the values (q + 8) of tile rows 2p (low nibble) and 2p + 1 (high nibble) at word j, where
- * tile row r, word j is channel j / 2 of the block at input 32 t + 2 r + j % 2 (the pairs tdpbf16ps
- * takes).
+ * channels): for each block of 16 channels, for each 32 inputs, 8 runs of 32 bytes; byte j of run p
+ * holds the values (q + 8) of pair-rows 2p (low nibble) and 2p + 1 (high nibble) at word j, where
+ * pair-row r, word j is channel j / 2 of the block at input 32 t + 2 r + j % 2 (the pairs vdpbf16ps
+ * takes: a pair-row is one vector of 16 channels x 2 inputs).
  */
 
 #include <stdint.h>
@@ -36,8 +37,8 @@
 #define LMFORGE_X86 1
 #endif
 
-#define BLOCK 16 /* output channels per tile */
-#define KT 32    /* inputs per tile */
+#define BLOCK 16 /* output channels per block */
+#define KT 32    /* inputs per 256-byte run of a block */
 
 static int64_t padded_n(int64_t n) { return (n + BLOCK - 1) / BLOCK * BLOCK; }
 
@@ -72,15 +73,11 @@ int64_t lmforge_int4_scratch_bytes(int64_t rows, int64_t k) { return rows * k * 
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #define R 8 /* rows per pass over a block of channels: 8 accumulators, one unpacked weight vector */
 
-static int forced_off = 0;
-
 /* 1 where this CPU runs lmforge_int4_linear (AVX-512 BF16), else 0 */
 int lmforge_int4_usable(void) {
-  return !forced_off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512bf16");
 }
-
-void lmforge_int4_force_off(int off) { forced_off = off; }
 
 /* rows x k float32 (row stride x_stride) to bfloat16 (row stride k) */
 BF16 static void to_bf16(const float *x, int64_t rows, int64_t k, int64_t x_stride, uint16_t *xb) {
@@ -177,7 +174,6 @@ BF16 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x
 }
 #else
 int lmforge_int4_usable(void) { return 0; }
-void lmforge_int4_force_off(int off) { (void)off; }
 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x_stride, const uint8_t *packed,
                          const float *scale_t, int64_t group, const float *bias, int64_t n, float *y,
                          uint16_t *xb) {

@@ -1,8 +1,8 @@
-"""LMI-Dist's own W4A16 int4 linear kernel (``int4_kernel.c``, AMX bf16 tiles), loaded with ctypes.
+"""LMI-Dist's own W4A16 int4 linear kernel (``int4_kernel.c``, AVX-512 BF16), loaded with ctypes.
 
 :func:`kernel` says whether :class:`lmforge.engines.lmi_dist.cpu_linear.Int4Weight` runs on it or on
 PyTorch's CPU int4 kernel, once per process, and logs the choice with its reason: this kernel where the
-CPU has AMX bf16 tiles (and AVX-512 BF16) and the engine runs its products on one thread (it is
+CPU has AVX-512 BF16 (vdpbf16ps) and the engine runs its products on one thread (it is
 single-threaded; PyTorch's spreads a product over its threads), PyTorch's elsewhere.
 ``LMFORGE_INT4_KERNEL`` (``auto``, ``c`` or ``torch``) overrides it (``c`` where the CPU cannot run it
 is refused at load). Both give each row the output of its own input only, and one process uses one of
@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import threading
 from typing import Any
 
@@ -25,7 +24,7 @@ log = logging.getLogger("lmforge.engines.lmi_dist")
 ENV = "LMFORGE_INT4_KERNEL"
 CHOICES = ("auto", "c", "torch")
 TILE_K = 32
-"""Inputs per AMX tile: k and the group size must be multiples of it."""
+"""Inputs per block of the packed layout: k and the group size must be multiples of it."""
 MAX_GROUP = 256
 _SYMBOLS = (
     "lmforge_int4_pack",
@@ -40,23 +39,25 @@ class Kernel:
     """The C library's int4 calls, typed, with a bfloat16 row scratch per thread."""
 
     def __init__(self, lib: Any) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.lmforge_int4_packed_bytes.restype = i64
-        lib.lmforge_int4_packed_bytes.argtypes = [i64, i64]
-        lib.lmforge_int4_pack.restype = ctypes.c_int
-        lib.lmforge_int4_pack.argtypes = [ptr, i64, i64, ptr]
-        lib.lmforge_int4_linear.restype = None
-        lib.lmforge_int4_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ptr]
-        lib.lmforge_int4_usable.restype = ctypes.c_int
-        lib.lmforge_int4_force_off.argtypes = [ctypes.c_int]
-        lib.lmforge_int4_scratch_bytes.restype = i64
-        lib.lmforge_int4_scratch_bytes.argtypes = [i64, i64]
+        from lmforge.engines.lmi_dist.lora_kernel import bind
+
+        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        bind(
+            lib,
+            {
+                "lmforge_int4_packed_bytes": (i64, [i64, i64]),
+                "lmforge_int4_pack": (i32, [ptr, i64, i64, ptr]),
+                "lmforge_int4_linear": (None, [ptr, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ptr]),
+                "lmforge_int4_usable": (i32, []),
+                "lmforge_int4_scratch_bytes": (i64, [i64, i64]),
+            },
+        )
         self._lib = lib
         self._linear = lib.lmforge_int4_linear
         self._local = threading.local()
 
     def usable(self) -> bool:
-        """Whether this CPU and process can run it (AMX bf16 tiles granted, AVX-512 BF16)."""
+        """Whether this CPU can run it (AVX-512 F, BW and BF16)."""
         return bool(self._lib.lmforge_int4_usable())
 
     @staticmethod
@@ -122,15 +123,11 @@ def kernel() -> Kernel | None:
     the module's notes), else None (PyTorch's int4 kernel); decided and logged once."""
     from lmforge.engines.lmi_dist import lora_kernel
 
-    wanted = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if wanted not in CHOICES:
-        raise ValueError(f"{ENV}={wanted!r}: choose one of {', '.join(CHOICES)}")
-    lib, why = lora_kernel.library()
-    if lib is not None and not all(hasattr(lib, name) for name in _SYMBOLS):
-        lib, why = None, "the built library predates it: reinstall lmforge"
+    wanted = lora_kernel.kernel_choice(ENV, CHOICES)
+    lib, why = lora_kernel.library_with(_SYMBOLS)
     found = Kernel(lib) if lib is not None else None
     if found is not None and not found.usable():
-        found, why = None, "this CPU has no AMX bf16 tiles (or the kernel did not grant them)"
+        found, why = None, "this CPU has no AVX-512 BF16"
     if wanted == "c" and found is None:
         raise RuntimeError(f"{ENV}=c: lmforge's int4 kernel cannot run here ({why})")
     if wanted == "torch":
@@ -140,5 +137,5 @@ def kernel() -> Kernel | None:
     if found is None:
         log.info("lmi-dist: W4A16 products on PyTorch's int4 kernel (lmforge's int4 kernel: %s)", why)
     else:
-        log.info("lmi-dist: W4A16 products on lmforge's int4 kernel (AMX bf16 tiles)")
+        log.info("lmi-dist: W4A16 products on lmforge's int4 kernel (AVX-512 BF16)")
     return found

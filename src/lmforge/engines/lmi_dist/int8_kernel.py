@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 import threading
 from typing import Any
 
@@ -37,19 +36,22 @@ class Kernel:
     """The C library's int8 calls, typed, with scratch rows per thread."""
 
     def __init__(self, lib: Any) -> None:
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.lmforge_int8_packed_bytes.restype = i64
-        lib.lmforge_int8_packed_bytes.argtypes = [i64, i64]
-        lib.lmforge_int8_pack.restype = None
-        lib.lmforge_int8_pack.argtypes = [ptr, i64, i64, ptr, ptr]
-        lib.lmforge_int8_linear.restype = None
-        lib.lmforge_int8_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr]
-        lib.lmforge_int8_isa.restype = ctypes.c_int
-        lib.lmforge_int8_force_portable.argtypes = [ctypes.c_int]
-        lib.lmforge_int8_amx.restype = ctypes.c_int
-        lib.lmforge_int8_force_no_amx.argtypes = [ctypes.c_int]
-        lib.lmforge_int8_scratch_bytes.restype = i64
-        lib.lmforge_int8_scratch_bytes.argtypes = [i64, i64]
+        from lmforge.engines.lmi_dist.lora_kernel import bind
+
+        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        bind(
+            lib,
+            {
+                "lmforge_int8_packed_bytes": (i64, [i64, i64]),
+                "lmforge_int8_pack": (None, [ptr, i64, i64, ptr, ptr]),
+                "lmforge_int8_linear": (None, [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr]),
+                "lmforge_int8_isa": (i32, []),
+                "lmforge_int8_force_portable": (None, [i32]),
+                "lmforge_int8_amx": (i32, []),
+                "lmforge_int8_force_no_amx": (None, [i32]),
+                "lmforge_int8_scratch_bytes": (i64, [i64, i64]),
+            },
+        )
         self._lib = lib
         self._linear = lib.lmforge_int8_linear
         self._local = threading.local()
@@ -125,12 +127,8 @@ def kernel() -> Kernel | None:
     the module's notes), else None (fbgemm); decided and logged once."""
     from lmforge.engines.lmi_dist import lora_kernel
 
-    wanted = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if wanted not in CHOICES:
-        raise ValueError(f"{ENV}={wanted!r}: choose one of {', '.join(CHOICES)}")
-    lib, why = lora_kernel.library()
-    if lib is not None and not all(hasattr(lib, name) for name in _SYMBOLS):
-        lib, why = None, "the built library predates it: reinstall lmforge"
+    wanted = lora_kernel.kernel_choice(ENV, CHOICES)
+    lib, why = lora_kernel.library_with(_SYMBOLS)
     found = Kernel(lib) if lib is not None else None
     if wanted == "fbgemm":
         found, why = None, f"{ENV}=fbgemm"

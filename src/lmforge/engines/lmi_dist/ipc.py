@@ -193,12 +193,17 @@ class Out(msgspec.Struct, array_like=True):
     """The request field a REJECTED request is refused for."""
 
 
+SpeculationCounts = tuple[int, int, int, int, int, int]
+"""The core's speculation counters since it started: draft tokens proposed, accepted, tokens emitted by
+speculating steps, request-steps that speculated, steps that did not because the batch was too large,
+and steps paused because the proposer's drafts were mostly rejected
+(:class:`.speculative.SpeculationStats`)."""
+
+
 class Outputs(msgspec.Struct, tag="outputs", array_like=True):
     items: list[Out]
-    speculation: tuple[int, int, int, int, int] | None = None
-    """With speculative decoding on, the core's counters since it started: draft tokens proposed,
-    accepted, tokens emitted by speculating steps, request-steps that speculated, and steps that did
-    not because the batch was too large (:class:`.speculative.SpeculationStats`)."""
+    speculation: SpeculationCounts | None = None
+    """With speculative decoding on, the core's counters (:data:`SpeculationCounts`)."""
 
 
 class Reply(msgspec.Struct, tag="reply", array_like=True):

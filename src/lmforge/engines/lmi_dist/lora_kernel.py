@@ -68,6 +68,35 @@ def library() -> tuple[ctypes.PyDLL | None, str]:
     return _opened
 
 
+def library_with(symbols: tuple[str, ...]) -> tuple[ctypes.PyDLL | None, str]:
+    """The C library where it has every one of ``symbols`` (else None and why: not built, or built
+    before they were added)."""
+    lib, why = library()
+    if lib is not None and not all(hasattr(lib, name) for name in symbols):
+        return None, "the built library predates it: reinstall lmforge"
+    return lib, why
+
+
+Signature = tuple[Any, list[Any]]
+"""A C function's ctypes (restype, argtypes)."""
+
+
+def bind(lib: Any, signatures: dict[str, Signature]) -> None:
+    """Set each named function's ctypes result and argument types."""
+    for name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+
+
+def kernel_choice(env: str, choices: tuple[str, ...]) -> str:
+    """Which kernel ``env`` asks for (``auto`` when unset), refused when it is not one of ``choices``."""
+    wanted = os.environ.get(env, "auto").strip().lower() or "auto"
+    if wanted not in choices:
+        raise ValueError(f"{env}={wanted!r}: choose one of {', '.join(choices)}")
+    return wanted
+
+
 def _load() -> ctypes.PyDLL | None:
     global _lib, _fn, _loaded
     if _loaded:

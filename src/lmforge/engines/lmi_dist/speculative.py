@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from lmforge.config import ServingConfig
     from lmforge.config.speculative import Speculation
     from lmforge.engines.lmi_dist.draft import DraftModel
+    from lmforge.engines.lmi_dist.ipc import SpeculationCounts
     from lmforge.engines.lmi_dist.loading import Built
     from lmforge.engines.lmi_dist.sampler import RequestSampler
 
@@ -88,6 +89,15 @@ _GATE_MIN_RATE = 0.25
 """Below this acceptance (over a window) a request stops speculating for a while."""
 _GATE_PAUSE = 16
 """Steps a low-acceptance request waits before it tries again (doubling each time, up to 256)."""
+_GATE_MAX_PAUSE = 256
+_ENGINE_WINDOWS = 4
+"""When this many requests' windows in a row (any requests) are judged low, with none judged fine
+between them, no request speculates for a while (:data:`_GATE_PAUSE` steps, doubling each time, up to
+:data:`_ENGINE_MAX_PAUSE`; a window judged fine ends the back-off): a request's own gate judges it
+only after its first window, which a proposer whose drafts are all rejected (an untrained draft
+model) would otherwise charge every new request; a crowd where some requests' drafts pay keeps
+speculating for them."""
+_ENGINE_MAX_PAUSE = 1024
 
 
 def propose_ngram(tokens: array[int], k: int, low: int, high: int) -> list[int]:
@@ -135,10 +145,12 @@ class SpeculationStats:
     steps: int = 0
     """Request-steps that verified drafts."""
     skipped_batch: int = 0
+    paused: int = 0
+    """Steps that did not speculate because the proposer's drafts were mostly rejected lately."""
     """Steps that did not speculate because the batch was larger than disable_by_batch_size."""
 
-    def wire(self) -> tuple[int, int, int, int, int]:
-        return (self.proposed, self.accepted, self.emitted, self.steps, self.skipped_batch)
+    def wire(self) -> SpeculationCounts:
+        return (self.proposed, self.accepted, self.emitted, self.steps, self.skipped_batch, self.paused)
 
 
 class Speculator:
@@ -179,6 +191,10 @@ class Speculator:
         self.draft: DraftModel | None = draft(self.max_batch) if draft is not None else None
         """The draft model (``method: draft_model``), or None: n-gram prompt lookup."""
         self.window = _GATE_WINDOW if self.draft is None else _DRAFT_GATE_WINDOW
+        self.engine = _Gate()
+        """The proposer's pause over all requests (its ``pause`` and ``next_pause`` only)."""
+        self.low_verdicts = 0
+        """Requests' windows judged low since the last one judged fine (:data:`_ENGINE_WINDOWS`)."""
         self.lock = threading.Lock()
         self.plan: dict[str, list[int]] = {}
         self.gates: dict[str, _Gate] = {}
@@ -221,6 +237,10 @@ class Speculator:
             return requests, fast_path, num_q, max_kv
         if len(decoding) > self.max_batch:
             self.stats.skipped_batch += 1
+            return requests, fast_path, num_q, max_kv
+        if self.engine.pause > 0:
+            self.engine.pause -= 1
+            self.stats.paused += 1
             return requests, fast_path, num_q, max_kv
         budget = self.processor.max_batch_tokens - num_q
         cache = self.processor.cache
@@ -400,16 +420,45 @@ class Speculator:
         gate = self.gates.get(rid)
         if gate is None:
             return
-        gate.drafted += drafted
-        gate.accepted += accepted
-        if gate.drafted < self.window:
+        low = judge(gate, drafted, accepted, self.window, _GATE_MAX_PAUSE)
+        if low is None:
             return
-        if gate.accepted < _GATE_MIN_RATE * gate.drafted:
-            gate.pause = gate.next_pause
-            gate.next_pause = min(2 * gate.next_pause, 256)
-        else:
-            gate.next_pause = _GATE_PAUSE
-        gate.drafted = gate.accepted = 0
+        engine = self.engine
+        if not low:  # a request whose drafts pay: the proposer is worth trying on every request
+            self.low_verdicts = 0
+            engine.next_pause = _GATE_PAUSE
+            return
+        self.low_verdicts += 1
+        if self.low_verdicts >= _ENGINE_WINDOWS:
+            self.low_verdicts = 0
+            engine.pause = engine.next_pause
+            engine.next_pause = min(2 * engine.next_pause, _ENGINE_MAX_PAUSE)
+            log.info(
+                "lmi-dist: speculation paused for %d steps: the %s proposer's drafts were mostly rejected "
+                "in the last %d windows judged",
+                engine.pause,
+                self.settings.method,
+                _ENGINE_WINDOWS,
+            )
+
+
+def judge(gate: _Gate, drafted: int, accepted: int, window: int, cap: int) -> bool | None:
+    """Count a step's drafts into ``gate``; once ``window`` are counted, pause it when fewer than
+    :data:`_GATE_MIN_RATE` of them were accepted (:data:`_GATE_PAUSE` steps, doubling while it stays
+    low, up to ``cap``) and start a new window. Returns the verdict: True (low: paused now), False
+    (fine), None (the window is not full yet)."""
+    gate.drafted += drafted
+    gate.accepted += accepted
+    if gate.drafted < window:
+        return None
+    low = gate.accepted < _GATE_MIN_RATE * gate.drafted
+    if low:
+        gate.pause = gate.next_pause
+        gate.next_pause = min(2 * gate.next_pause, cap)
+    else:
+        gate.next_pause = _GATE_PAUSE
+    gate.drafted = gate.accepted = 0
+    return low
 
 
 def _room(cache: Any, state: Any, k: int) -> int:
