@@ -223,9 +223,9 @@ def test_lora_adapters_apply_over_a_gptq_base(gptq_lora_server: RemoteServer) ->
     strict=False,  # passed one run of three: the crowd's timing decides whether a rounding shows
     reason="known defect: the W8A8 base is now batch-invariant (the test above passes), but on the GPTQ "
     "base a1's prompt log-probs still move by ~3e-3 in a crowd in two of three runs (2026-12-03). Not the "
-    "adapters' products (tests/unit/test_lora_batch_invariance.py) and not torch's int4 kernel (measured "
-    "row-invariant at 1-64 rows); a float32 part upstream of the int4 layers' bfloat16 cast still rounds "
-    "with its crowd, not yet found.",
+    "adapters' products (tests/unit/test_lora_batch_invariance.py) and not the int4 kernels (torch's "
+    "measured row-invariant at 1-64 rows, lmforge's tested; it xfailed on both, 2026-12-04); a float32 "
+    "part upstream of the int4 layers' bfloat16 cast still rounds with its crowd, not yet found.",
 )
 def test_lora_adapters_on_a_gptq_base_same_alone_or_in_a_crowd(gptq_lora_server: RemoteServer) -> None:
     same_alone_and_in_a_crowd(gptq_lora_server.url, _lora_probes(), rounds=1)
