@@ -1,9 +1,10 @@
 """The one C extension of lmforge; everything else about the package is in pyproject.toml.
 
 LMI-Dist's fused LoRA pass for CPU decode steps and the per-token scaling around fbgemm's W8A8 int8
-products (src/lmforge/engines/lmi_dist/lora_kernel.c), its own W8A8 int8 kernel (int8_kernel.c), its W4A16 int4 kernel on AMX (int4_kernel.c) and
-its decode attention (attention_kernel.c) are a plain shared library that
-:mod:`lmforge.engines.lmi_dist.lora_kernel`, :mod:`.int8_kernel` and :mod:`.attention` load with ctypes. It is optional:
+products (src/lmforge/engines/lmi_dist/lora_kernel.c), its own W8A8 int8 kernel (int8_kernel.c), its
+W4A16 int4 kernel (int4_kernel.c, AVX-512 BF16) and its decode attention (attention_kernel.c) are a
+plain shared library that :mod:`lmforge.engines.lmi_dist.lora_kernel`, :mod:`.int8_kernel`,
+:mod:`.int4_kernel` and :mod:`.attention` load with ctypes. It is optional:
 without a C compiler the package still builds, and LMI-Dist uses PyTorch's operations instead.
 """
 

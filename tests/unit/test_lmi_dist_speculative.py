@@ -69,17 +69,17 @@ def test_the_proposer_pauses_for_everyone_after_four_low_windows_in_a_row_only()
 
     spec = Speculator.__new__(Speculator)  # the judging state only: no batch processor behind it
     spec.gates = {f"r{i}": _Gate() for i in range(6)}
-    spec.engine, spec.low_verdicts, spec.window = _Gate(), 0, 8
+    spec.pause, spec.next_pause, spec.low_verdicts, spec.window = 0, _GATE_PAUSE, 0, 8
     spec.settings = SimpleNamespace(method="draft_model")
     for rid in ("r0", "r1", "r2"):
         spec._judge(rid, 8, 0)
-    assert spec.engine.pause == 0  # three low windows: not yet
+    assert spec.pause == 0  # three low windows: not yet
     spec._judge("r3", 8, 6)  # one request whose drafts pay
     spec._judge("r4", 8, 0)
-    assert spec.engine.pause == 0 and spec.low_verdicts == 1
+    assert spec.pause == 0 and spec.low_verdicts == 1
     for rid in ("r5", "r0", "r1"):
         spec._judge(rid, 8, 0)
-    assert spec.engine.pause == _GATE_PAUSE and spec.engine.next_pause == 2 * _GATE_PAUSE
+    assert spec.pause == _GATE_PAUSE and spec.next_pause == 2 * _GATE_PAUSE
     spec._judge("r2", 4, 0)  # half a window: no verdict
     assert spec.low_verdicts == 0
     spec._judge("nobody", 8, 0)  # a request already gone

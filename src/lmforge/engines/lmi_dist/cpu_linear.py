@@ -146,10 +146,7 @@ class Int8Weight:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32:
             rows = rows.float()
-        if bias is not None and not bias.numel():
-            bias = None
-        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-            bias = bias.float().contiguous()
+        bias = _float32_bias(bias)
         if self.own is not None:
             y = self.own(rows if rows.stride(-1) == 1 else rows.contiguous(), bias)
         else:
@@ -167,6 +164,13 @@ class Int8Weight:
         y = torch.ops.quantized.linear_dynamic(scaled, self.packed, False)
         y = y[: rows.shape[0]].mul_(magnitude)
         return y.add_(bias) if bias is not None else y
+
+
+def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """A layer's bias as the C kernels read it: float32 and contiguous, None when absent or empty."""
+    if bias is None or not bias.numel():
+        return None
+    return bias if bias.dtype == torch.float32 and bias.is_contiguous() else bias.float().contiguous()
 
 
 class _Scaling:
@@ -394,11 +398,7 @@ class Int4Weight:
         if self.own is not None:
             if rows.dtype != torch.float32 or rows.stride(-1) != 1:
                 rows = rows.float().contiguous()
-            if bias is not None and (
-                not bias.numel() or bias.dtype != torch.float32 or not bias.is_contiguous()
-            ):
-                bias = bias.float().contiguous() if bias.numel() else None
-            y = self.own(rows, bias).view(*shape[:-1], self.out_features)
+            y = self.own(rows, _float32_bias(bias)).view(*shape[:-1], self.out_features)
             return y if x.dtype == torch.float32 else y.to(x.dtype)
         if rows.dtype != self.dtype:
             rows = rows.to(self.dtype)

@@ -66,8 +66,6 @@ int lmforge_int4_pack(const int8_t *q, int64_t n, int64_t k, uint8_t *packed) {
   return 1;
 }
 
-/* bytes of the bfloat16 row scratch lmforge_int4_linear needs for `rows` rows of k inputs */
-int64_t lmforge_int4_scratch_bytes(int64_t rows, int64_t k) { return rows * k * 2; }
 
 #ifdef LMFORGE_X86
 #define BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
@@ -125,7 +123,7 @@ BF16 static inline __attribute__((always_inline)) void group_rows(
 
 /* y (rows x n, contiguous) = x (rows x k, row stride x_stride) times the packed int4 weight, scaled
  * per group: scale_t is groups x padded n float32 (scale_t[g * np + c]); group a multiple of 32 that
- * divides k; xb is scratch of lmforge_int4_scratch_bytes(rows, k) bytes the caller owns. Rows go R at
+ * divides k; xb is scratch of rows x k bfloat16 (rows * k * 2 bytes) the caller owns. Rows go R at
  * a time, the rest 4, 2 and 1 at a time. */
 BF16 void lmforge_int4_linear(const float *x, int64_t rows, int64_t k, int64_t x_stride, const uint8_t *packed,
                               const float *scale_t, int64_t group, const float *bias, int64_t n, float *y,

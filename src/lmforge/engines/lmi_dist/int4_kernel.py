@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from lmforge.engines.lmi_dist.lora_kernel import Signature, bind
+
 log = logging.getLogger("lmforge.engines.lmi_dist")
 
 ENV = "LMFORGE_INT4_KERNEL"
@@ -26,32 +28,20 @@ CHOICES = ("auto", "c", "torch")
 TILE_K = 32
 """Inputs per block of the packed layout: k and the group size must be multiples of it."""
 MAX_GROUP = 256
-_SYMBOLS = (
-    "lmforge_int4_pack",
-    "lmforge_int4_linear",
-    "lmforge_int4_usable",
-    "lmforge_int4_packed_bytes",
-    "lmforge_int4_scratch_bytes",
-)
+_PTR, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES: dict[str, Signature] = {
+    "lmforge_int4_packed_bytes": (_I64, [_I64, _I64]),
+    "lmforge_int4_pack": (_I32, [_PTR, _I64, _I64, _PTR]),
+    "lmforge_int4_linear": (None, [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR]),
+    "lmforge_int4_usable": (_I32, []),
+}
 
 
 class Kernel:
     """The C library's int4 calls, typed, with a bfloat16 row scratch per thread."""
 
     def __init__(self, lib: Any) -> None:
-        from lmforge.engines.lmi_dist.lora_kernel import bind
-
-        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        bind(
-            lib,
-            {
-                "lmforge_int4_packed_bytes": (i64, [i64, i64]),
-                "lmforge_int4_pack": (i32, [ptr, i64, i64, ptr]),
-                "lmforge_int4_linear": (None, [ptr, i64, i64, i64, ptr, ptr, i64, ptr, i64, ptr, ptr]),
-                "lmforge_int4_usable": (i32, []),
-                "lmforge_int4_scratch_bytes": (i64, [i64, i64]),
-            },
-        )
+        bind(lib, _SIGNATURES)
         self._lib = lib
         self._linear = lib.lmforge_int4_linear
         self._local = threading.local()
@@ -72,7 +62,7 @@ class Kernel:
         """This thread's bfloat16 row buffer for rows x k, grown to the largest
         call seen; a call uses it before the thread's next call."""
         found: torch.Tensor | None = getattr(self._local, "buffer", None)
-        need = rows * k * 2  # lmforge_int4_scratch_bytes
+        need = rows * k * 2  # rows x k bfloat16
         if found is None or found.numel() < need:
             found = self._local.buffer = torch.empty(
                 max(need, 2 * found.numel() if found is not None else 1 << 16), dtype=torch.uint8
@@ -124,7 +114,7 @@ def kernel() -> Kernel | None:
     from lmforge.engines.lmi_dist import lora_kernel
 
     wanted = lora_kernel.kernel_choice(ENV, CHOICES)
-    lib, why = lora_kernel.library_with(_SYMBOLS)
+    lib, why = lora_kernel.library_with(tuple(_SIGNATURES))
     found = Kernel(lib) if lib is not None else None
     if found is not None and not found.usable():
         found, why = None, "this CPU has no AVX-512 BF16"

@@ -145,9 +145,9 @@ class SpeculationStats:
     steps: int = 0
     """Request-steps that verified drafts."""
     skipped_batch: int = 0
+    """Steps that did not speculate because the batch was larger than disable_by_batch_size."""
     paused: int = 0
     """Steps that did not speculate because the proposer's drafts were mostly rejected lately."""
-    """Steps that did not speculate because the batch was larger than disable_by_batch_size."""
 
     def wire(self) -> SpeculationCounts:
         return (self.proposed, self.accepted, self.emitted, self.steps, self.skipped_batch, self.paused)
@@ -191,8 +191,9 @@ class Speculator:
         self.draft: DraftModel | None = draft(self.max_batch) if draft is not None else None
         """The draft model (``method: draft_model``), or None: n-gram prompt lookup."""
         self.window = _GATE_WINDOW if self.draft is None else _DRAFT_GATE_WINDOW
-        self.engine = _Gate()
-        """The proposer's pause over all requests (its ``pause`` and ``next_pause`` only)."""
+        self.pause = 0
+        """Steps left in which no request speculates (the proposer's drafts were mostly rejected)."""
+        self.next_pause = _GATE_PAUSE
         self.low_verdicts = 0
         """Requests' windows judged low since the last one judged fine (:data:`_ENGINE_WINDOWS`)."""
         self.lock = threading.Lock()
@@ -238,8 +239,8 @@ class Speculator:
         if len(decoding) > self.max_batch:
             self.stats.skipped_batch += 1
             return requests, fast_path, num_q, max_kv
-        if self.engine.pause > 0:
-            self.engine.pause -= 1
+        if self.pause > 0:
+            self.pause -= 1
             self.stats.paused += 1
             return requests, fast_path, num_q, max_kv
         budget = self.processor.max_batch_tokens - num_q
@@ -423,20 +424,19 @@ class Speculator:
         low = judge(gate, drafted, accepted, self.window, _GATE_MAX_PAUSE)
         if low is None:
             return
-        engine = self.engine
         if not low:  # a request whose drafts pay: the proposer is worth trying on every request
             self.low_verdicts = 0
-            engine.next_pause = _GATE_PAUSE
+            self.next_pause = _GATE_PAUSE
             return
         self.low_verdicts += 1
         if self.low_verdicts >= _ENGINE_WINDOWS:
             self.low_verdicts = 0
-            engine.pause = engine.next_pause
-            engine.next_pause = min(2 * engine.next_pause, _ENGINE_MAX_PAUSE)
+            self.pause = self.next_pause
+            self.next_pause = min(2 * self.next_pause, _ENGINE_MAX_PAUSE)
             log.info(
                 "lmi-dist: speculation paused for %d steps: the %s proposer's drafts were mostly rejected "
                 "in the last %d windows judged",
-                engine.pause,
+                self.pause,
                 self.settings.method,
                 _ENGINE_WINDOWS,
             )
